@@ -19,6 +19,7 @@ from lockwarden.errors import (
     NotHeld,
     StoreError,
 )
+from lockwarden.local import LockManager
 from lockwarden.modes import Mode
 
 __version__ = "0.1.0"
@@ -30,6 +31,7 @@ __all__ = [
     "HolderUnresponsive",
     "LockError",
     "LockLost",
+    "LockManager",
     "LockTimeout",
     "LockUsageError",
     "Mode",

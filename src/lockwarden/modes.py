@@ -50,8 +50,10 @@ class Mode(enum.Enum):
 
     # Per-member tables, filled in once below the class. Plain instance
     # attributes are the fastest thing to read on the hot path.
+    index: int
+    """Position in IS, IX, S, SIX, X: lets tables of counts be plain lists."""
     bit: int
-    """One bit per mode; sets of modes are bit masks."""
+    """``1 << index``; sets of modes are bit masks."""
     conflicts: int
     """Mask of the modes that cannot be held by another owner alongside this one."""
 
@@ -143,6 +145,7 @@ def _least_upper_bound(a: Mode, b: Mode) -> Mode:
 _JOIN = {(a, b): _least_upper_bound(a, b) for a in _ORDER for b in _ORDER}
 
 for _i, _mode in enumerate(_ORDER):
+    _mode.index = _i
     _mode.bit = 1 << _i
 for _mode in _ORDER:
     _mode.conflicts = sum(

@@ -1,0 +1,301 @@
+"""One resource's lock queue and the requests in it.
+
+The grant rule lives here, once, for every kind of queue (see README.md,
+"Queues"): a request is granted when it is compatible with every granted lock
+of other owners and with every request waiting ahead of it. Subclasses change
+only *where* a new request is placed (metadata locks) and *what* conflicts
+(range locks); the walk that grants waiters is shared.
+
+Everything here runs under the manager's mutex.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Iterator
+from time import monotonic as _monotonic
+from typing import TYPE_CHECKING, Any
+
+from lockwarden.modes import Mode
+
+if TYPE_CHECKING:
+    from lockwarden.local.manager import Txn
+
+_X_BIT = Mode.X.bit
+_SOLE = [[1 if i == j else 0 for j in range(5)] for i in range(5)]
+
+
+class Request:
+    """An owner's lock on one resource: granted, waiting, or granted and waiting to upgrade.
+
+    An owner has at most one Request per queue (rule L3). A new request waits
+    with ``mode is None``; an upgrade keeps its granted ``mode`` while it waits
+    for ``wanted``, so the owner never holds less than it had.
+    """
+
+    __slots__ = (
+        "children",
+        "failure",
+        "mode",
+        "owner",
+        "parent",
+        "queue",
+        "signal",
+        "since",
+        "wake",
+        "wanted",
+    )
+
+    def __init__(
+        self,
+        owner: Txn,
+        queue: Queue | None,
+        mode: Mode | None,
+        wanted: Mode | None,
+        parent: Request | None = None,
+    ) -> None:
+        self.owner = owner
+        self.queue = queue
+        """None for a solo lock (the only request on its resource; see README)."""
+        self.mode = mode
+        self.wanted = wanted
+        self.since = _monotonic()
+        self.parent = parent
+        """The owner's request on the parent resource, once this one is granted and counted."""
+        self.children = 0
+        """Locks this owner holds on direct children of this resource (unlock and escalation)."""
+        # `failure`, `signal` and `wake` are set by `arm` when the request
+        # starts to wait; nothing reads them before that.
+        self.failure: BaseException | None
+        """Set by another thread that refused this waiting request (deadlock victim)."""
+        self.signal: Any
+        """What the waiting thread or task blocks on; `wake` releases it."""
+        self.wake: Callable[[], object]
+
+    @property
+    def in_queue(self) -> Queue:
+        """The queue of a request known not to be solo (waiting, or made by the general path)."""
+        assert self.queue is not None, "a solo lock has no queue"
+        return self.queue
+
+    def arm(self, signal: Any, wake: Callable[[], object]) -> None:
+        self.failure = None
+        self.signal = signal
+        self.wake = wake
+
+
+class Queue:
+    """Granted requests (by owner id) and waiting requests (in grant order) of one resource.
+
+    ``counts[i]`` is how many owners hold the mode with index i, and ``mask``
+    has the bit of every mode someone holds, so the arrival check against
+    granted locks costs the same for one holder or ten thousand.
+    """
+
+    __slots__ = ("counts", "granted", "key", "mask", "waiting")
+
+    kind = "data"
+
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
+        self.granted: dict[int, Request] = {}
+        self.waiting: list[Request] = []
+        self.counts = [0, 0, 0, 0, 0]
+        self.mask = 0
+
+    @classmethod
+    def granted_to(cls, key: Hashable, req: Request) -> Queue:
+        """A new queue whose only lock is `req` (its mode already set): the uncontended case."""
+        mode = req.mode
+        assert mode is not None
+        queue = cls.__new__(cls)
+        queue.key = key
+        queue.granted = {req.owner.id: req}
+        queue.waiting = []
+        queue.counts = _SOLE[mode.index].copy()
+        queue.mask = mode.bit
+        return queue
+
+    # -- conflicts ---------------------------------------------------------
+
+    def _mask_of_others(self, req: Request) -> int:
+        """Bits of the modes granted to owners other than req's."""
+        own = req.mode
+        if own is not None and self.counts[own.index] == 1:
+            return self.mask & ~own.bit
+        return self.mask
+
+    def blocked_by_granted(self, req: Request, mode: Mode) -> bool:
+        return bool(mode.conflicts & self._mask_of_others(req))
+
+    def blocks(self, held: Mode, wanted: Mode) -> bool:
+        """Whether a lock in `held` (granted or ahead) of another owner makes `wanted` wait."""
+        return bool(held.conflicts & wanted.bit)
+
+    # -- placement -----------------------------------------------------------
+
+    def position_for(self, req: Request, mode: Mode) -> int:
+        """Where a waiting request for `mode` goes: upgrades after earlier upgrades, others last.
+
+        An upgrade goes ahead of every ordinary waiter (rule L5) because its
+        owner already holds the resource: making it queue behind requests that
+        wait for that very owner would be a deadlock of the queue's own making.
+        """
+        if req.mode is None:
+            return len(self.waiting)
+        pos = 0
+        for w in self.waiting:
+            if w.mode is None:
+                break
+            pos += 1
+        return pos
+
+    def blocked_on_arrival(self, req: Request, mode: Mode) -> bool:
+        """The grant rule for a request that is not queued yet."""
+        if self.blocked_by_granted(req, mode):
+            return True
+        waiting = self.waiting
+        if not waiting:
+            return False
+        for ahead in waiting[: self.position_for(req, mode)]:
+            if self.blocks(ahead.wanted, mode):  # type: ignore[arg-type]
+                return True
+        return False
+
+    def enqueue(self, req: Request, mode: Mode) -> None:
+        self.waiting.insert(self.position_for(req, mode), req)
+        req.wanted = mode
+        req.since = time.monotonic()
+
+    # -- granting and releasing ---------------------------------------------
+
+    def add_granted(self, req: Request, mode: Mode) -> None:
+        """Record `req` as holding `mode` (a new grant, an upgrade or a downgrade)."""
+        old = req.mode
+        counts = self.counts
+        if old is not None:
+            counts[old.index] -= 1
+            if not counts[old.index]:
+                self.mask &= ~old.bit
+        else:
+            self.granted[req.owner.id] = req
+        counts[mode.index] += 1
+        self.mask |= mode.bit
+        req.mode = mode
+        req.wanted = None
+        req.since = time.monotonic()
+
+    def remove_granted(self, req: Request) -> None:
+        mode = req.mode
+        assert mode is not None
+        del self.granted[req.owner.id]
+        self.counts[mode.index] -= 1
+        if not self.counts[mode.index]:
+            self.mask &= ~mode.bit
+        req.mode = None
+
+    def remove_waiting(self, req: Request) -> None:
+        self.waiting.remove(req)
+        req.wanted = None
+
+    def grant_waiters(self) -> list[Request]:
+        """Grant, in queue order, every waiter that the grant rule allows now.
+
+        A waiter passes if it is compatible with the granted locks of others
+        and with every request still waiting ahead of it, so nothing is ever
+        granted past a waiter it conflicts with (no barging). Once an X
+        request is waiting, nothing behind it can pass, and the walk stops.
+        The granted requests are returned; the caller wakes them.
+        """
+        granted: list[Request] = []
+        ahead = 0
+        waiting = self.waiting
+        i = 0
+        while i < len(waiting):
+            req = waiting[i]
+            mode = req.wanted
+            assert mode is not None
+            if self._passes(req, mode, ahead):
+                del waiting[i]
+                self.add_granted(req, mode)
+                self.granted_one(req)
+                granted.append(req)
+                continue
+            ahead = self._add_ahead(ahead, mode)
+            if ahead & _X_BIT:
+                break
+            i += 1
+        return granted
+
+    def _passes(self, req: Request, mode: Mode, ahead: int) -> bool:
+        return not (mode.conflicts & ahead or self.blocked_by_granted(req, mode))
+
+    def _add_ahead(self, ahead: int, mode: Mode) -> int:
+        return ahead | mode.bit
+
+    def granted_one(self, req: Request) -> None:
+        """Hook for queues that keep grant history (metadata locks)."""
+
+    # -- introspection -------------------------------------------------------
+
+    def blockers(self, req: Request) -> Iterator[Request]:
+        """The requests of other owners that `req` (waiting) waits for: its waits-for edges."""
+        mode = req.wanted
+        assert mode is not None
+        owner = req.owner
+        for held in self.granted.values():
+            if held.owner is not owner and self.blocks(held.mode, mode):  # type: ignore[arg-type]
+                yield held
+        for ahead in self.waiting:
+            if ahead is req:
+                return
+            if ahead.owner is not owner and self.blocks(ahead.wanted, mode):  # type: ignore[arg-type]
+                yield ahead
+
+    @property
+    def idle(self) -> bool:
+        return not self.granted and not self.waiting
+
+
+class MetadataQueue(Queue):
+    """A table's metadata lock: S for statements that use the table, X for DDL (rule L8).
+
+    Exclusive requests go ahead of waiting shared ones, so a DDL statement is
+    not starved by a stream of short queries. To keep the queries from being
+    starved in turn, after `streak_limit` exclusive grants in a row while
+    shared requests waited, the shared requests move ahead and new exclusive
+    requests queue behind them until a shared request has been granted.
+    """
+
+    __slots__ = ("streak", "streak_limit")
+
+    kind = "metadata"
+
+    def __init__(self, key: Hashable, streak_limit: int) -> None:
+        super().__init__(key)
+        self.streak = 0
+        self.streak_limit = streak_limit
+
+    def position_for(self, req: Request, mode: Mode) -> int:
+        pos = super().position_for(req, mode)
+        if mode is not Mode.X or req.mode is not None or self.streak >= self.streak_limit:
+            return pos
+        for i, w in enumerate(self.waiting):
+            if w.mode is None and w.wanted is Mode.S:
+                return i
+        return pos
+
+    def granted_one(self, req: Request) -> None:
+        if req.mode is Mode.S:
+            self.streak = 0
+            return
+        if any(w.wanted is Mode.S for w in self.waiting):
+            self.streak += 1
+            if self.streak >= self.streak_limit:
+                # Serve the waiting shared requests first: upgrades stay in
+                # front, then shared, then exclusive, each in arrival order.
+                self.waiting.sort(key=_shared_first)
+
+
+def _shared_first(w: Request) -> int:
+    return 0 if w.mode is not None else 1 if w.wanted is Mode.S else 2

@@ -1,0 +1,67 @@
+"""Helpers for driving the lock manager from several threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from lockwarden.local import LockManager, Txn
+
+
+class Attempt:
+    """A blocking call (usually ``txn.lock``) running in its own thread.
+
+    `queued()` waits until the txn is actually waiting in a queue, so a test
+    can set up an exact queue order without sleeping and hoping.
+    """
+
+    def __init__(self, txn: Txn, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self.txn = txn
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+
+        def run() -> None:
+            try:
+                self.result = fn(*args, **kwargs)
+            except BaseException as exc:  # handed to the test thread
+                self.error = exc
+            finally:
+                self._done.set()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def queued(self, timeout: float = 5.0) -> Attempt:
+        deadline = time.monotonic() + timeout
+        while self.txn.waiting_request is None:
+            if self._done.is_set():
+                raise AssertionError(f"call ended instead of queueing: {self.error or self.result}")
+            if time.monotonic() > deadline:
+                raise AssertionError("call never queued")
+            time.sleep(0.0005)
+        return self
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def settle(self, timeout: float = 0.05) -> bool:
+        """Wait a little; whether the call has ended (for asserting it is still blocked)."""
+        return self._done.wait(timeout)
+
+    def join(self, timeout: float = 5.0) -> Any:
+        assert self._done.wait(timeout), "call did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+@pytest.fixture
+def mgr() -> LockManager:
+    """A manager whose waits may be long enough for threads to be scheduled reliably."""
+    return LockManager(max_wait_timeout=None, max_ddl_wait_timeout=None)
