@@ -21,6 +21,9 @@ for every incompatible waiter ahead of it):
   skips itself), so a granted scan records whether the requester was among
   the holders it saw.
 
+Small queues (the usual case) are simply scanned; the memory is for the
+long ones.
+
 The walk is bounded (the seed's InnoDB limits): more than `max_steps` edges
 or a path deeper than `max_depth` ends the search, and the caller treats that
 as a deadlock of the requester, which is safe: its request fails and it
@@ -29,7 +32,6 @@ retries, rather than the manager spending unbounded time under its mutex.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from lockwarden.local._queue import Queue, Request
@@ -37,11 +39,12 @@ from lockwarden.local._queue import Queue, Request
 if TYPE_CHECKING:
     from lockwarden.local.manager import Txn
 
-TOO_DEEP = "bound"
+_SMALL = 8
+"""Queues with at most this many requests are scanned directly, without memory."""
 
 
-class _Scans:
-    """Memory of which (queue, mode) edges one search has already enumerated."""
+class _Edges:
+    """Waits-for edges of waiting requests, each enumerated at most once per search."""
 
     __slots__ = ("ahead_done", "granted_done", "positions", "requester")
 
@@ -51,42 +54,56 @@ class _Scans:
         self.ahead_done: dict[tuple[int, object], int] = {}
         self.positions: dict[int, dict[int, int]] = {}
 
+    def of(self, req: Request) -> list[Txn]:
+        """Owners `req` waits for that this search has not been shown yet, in queue order."""
+        queue: Queue = req.queue  # type: ignore[assignment]
+        mode = req.wanted
+        owner = req.owner
+        granted = queue.granted
+        waiting = queue.waiting
+        out: list[Txn] = []
+        if len(granted) + len(waiting) <= _SMALL:
+            for held in granted.values():
+                if held.owner is not owner and queue.blocks(held.mode, mode):  # type: ignore[arg-type]
+                    out.append(held.owner)
+            for ahead in waiting:
+                if ahead is req:
+                    break
+                if ahead.owner is not owner and queue.blocks(ahead.wanted, mode):  # type: ignore[arg-type]
+                    out.append(ahead.owner)
+            return out
+        requester = self.requester
+        key = (id(queue), mode)
+        saw_requester = self.granted_done.get(key)
+        if saw_requester is None:
+            saw_requester = False
+            for held in granted.values():
+                if queue.blocks(held.mode, mode):  # type: ignore[arg-type]
+                    if held.owner is requester:
+                        saw_requester = True
+                    if held.owner is not owner:
+                        out.append(held.owner)
+            self.granted_done[key] = saw_requester
+        elif saw_requester and owner is not requester:
+            out.append(requester)
+        if waiting[0] is req:
+            return out
+        start = self.ahead_done.get(key, 0)
+        end = self._position(queue, req)
+        if end > start:
+            self.ahead_done[key] = end
+            for i in range(start, end):
+                ahead = waiting[i]
+                if ahead.owner is not owner and queue.blocks(ahead.wanted, mode):  # type: ignore[arg-type]
+                    out.append(ahead.owner)
+        return out
+
     def _position(self, queue: Queue, req: Request) -> int:
         index = self.positions.get(id(queue))
         if index is None:
             index = {id(w): i for i, w in enumerate(queue.waiting)}
             self.positions[id(queue)] = index
         return index[id(req)]
-
-    def edges(self, req: Request) -> Iterator[Txn]:
-        """Owners `req` waits for that this search has not been shown yet."""
-        queue: Queue = req.in_queue
-        mode = req.wanted
-        owner = req.owner
-        requester = self.requester
-        key = (id(queue), mode)
-        saw_requester = self.granted_done.get(key)
-        if saw_requester is None:
-            saw_requester = False
-            for held in queue.granted.values():
-                if queue.blocks(held.mode, mode):  # type: ignore[arg-type]
-                    if held.owner is requester:
-                        saw_requester = True
-                    if held.owner is not owner:
-                        yield held.owner
-            self.granted_done[key] = saw_requester
-        elif saw_requester and owner is not requester:
-            yield requester
-        start = self.ahead_done.get(key, 0)
-        end = self._position(queue, req)
-        if end <= start:
-            return
-        self.ahead_done[key] = end
-        waiting = queue.waiting
-        for i in range(start, end):
-            ahead = waiting[i]
-            if ahead.owner is not owner and queue.blocks(ahead.wanted, mode):  # type: ignore[arg-type]
-                yield ahead.owner
 
 
 def find_cycle(requester: Txn, max_steps: int, max_depth: int) -> tuple[list[Txn], bool] | None:
@@ -98,17 +115,20 @@ def find_cycle(requester: Txn, max_steps: int, max_depth: int) -> tuple[list[Txn
     """
     first = requester.waiting_request
     assert first is not None
-    scans = _Scans(requester)
+    edges = _Edges(requester)
     path: list[Txn] = [requester]
-    stack: list[Iterator[Txn]] = [scans.edges(first)]
+    # For each txn on the path, the owners it waits for still to visit,
+    # reversed so that pop() visits them in queue order.
+    todo: list[list[Txn]] = [edges.of(first)[::-1]]
     seen = {requester.id}
     steps = 0
-    while stack:
-        nxt = next(stack[-1], None)
-        if nxt is None:
-            stack.pop()
+    while todo:
+        level = todo[-1]
+        if not level:
+            todo.pop()
             path.pop()
             continue
+        nxt = level.pop()
         steps += 1
         if nxt is requester:
             return path, True
@@ -123,5 +143,5 @@ def find_cycle(requester: Txn, max_steps: int, max_depth: int) -> tuple[list[Txn
         if len(path) >= max_depth:
             return [*path, nxt], False
         path.append(nxt)
-        stack.append(scans.edges(req))
+        todo.append(edges.of(req)[::-1])
     return None

@@ -147,6 +147,9 @@ class LockManager:
         asked, as that owner's `Request` alone (a solo lock; README, "Solo locks")."""
         self._acquire = self._mutex.acquire
         self._release = self._mutex.release
+        self._wakes: list[Request] = []
+        """Waiters granted or refused under the mutex, to wake once it is released (`_leave`)."""
+        self._critical = _Critical(self)
         self._meta_queues: dict[Hashable, Queue] = {}
         self._next_id = itertools.count(1).__next__
         # Counters (rule L11), plain attributes: the uncontended path bumps one.
@@ -241,15 +244,31 @@ class LockManager:
             queue = self._meta_queues[table] = MetadataQueue(table, self.metadata_exclusive_streak)
         return queue
 
+    def _leave(self) -> None:
+        """Release the mutex, then wake the waiters whose fate was decided under it.
+
+        Waking after the release spares each woken thread an immediate block
+        on the mutex its waker still holds. It is safe because a waiter reads
+        its fate (granted, refused) under the mutex, never from the wake-up.
+        """
+        wakes = self._wakes
+        if not wakes:
+            self._release()
+            return
+        self._wakes = []
+        self._release()
+        for req in wakes:
+            req.wake()
+
     def _wake_granted(self, queue: Queue) -> None:
-        """Re-examine a queue after something left it, wake what it grants, drop it if idle."""
+        """Re-examine a queue after something left it, grant what it can, drop it if idle."""
         if queue.waiting:
             now = time.monotonic()
             for req in queue.grant_waiters():
                 self._grants += 1
                 self._wait_time += now - req.since
                 req.owner.waiting_request = None
-                req.wake()
+                self._wakes.append(req)
         if not queue.granted and not queue.waiting:
             del (self._meta_queues if queue.kind == "metadata" else self._queues)[queue.key]
 
@@ -262,6 +281,21 @@ class LockManager:
             req.owner._forget(req, granted=False)
         req.owner.waiting_request = None
         self._wake_granted(queue)
+
+
+class _Critical:
+    """``with mgr._critical:`` holds the mutex and delivers wake-ups after releasing it."""
+
+    __slots__ = ("_mgr",)
+
+    def __init__(self, manager: LockManager) -> None:
+        self._mgr = manager
+
+    def __enter__(self) -> None:
+        self._mgr._acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._mgr._leave()
 
 
 class Txn:
@@ -334,7 +368,10 @@ class Txn:
             except TypeError:
                 pass  # an unhashable part: the general path says so
             finally:
-                mgr._release()
+                if mgr._wakes:  # only after an escalation
+                    mgr._leave()
+                else:
+                    mgr._release()
         call = self._start(resource, mode, timeout, None)
         return call if isinstance(call, Mode) else self._drive(call)
 
@@ -386,7 +423,7 @@ class Txn:
             hash(table)
         except TypeError:
             raise LockUsageError(f"a table name must be hashable: {table!r}") from None
-        with mgr._mutex:
+        with mgr._critical:
             self._check_not_waiting()
             call = _Call(self, [(True, table, mode)], limit, None)
         return self._drive(call)
@@ -416,7 +453,7 @@ class Txn:
         mgr = self._mgr
         _check_resource(mgr, resource, mode)
         limit = mgr._limit(mode not in _INTENTIONS and len(resource) < mgr._depth, timeout)
-        with mgr._mutex:
+        with mgr._critical:
             self._check_not_waiting()
             steps = self._plan(resource, mode)
             if isinstance(steps, Mode):
@@ -483,7 +520,10 @@ class Txn:
                 return
             raise LockUsageError(self._why_not_unlockable(resource, req))
         finally:
-            mgr._release()
+            if mgr._wakes:
+                mgr._leave()
+            else:
+                mgr._release()
 
     def _why_not_unlockable(self, resource: Resource, req: Request | None) -> str:
         if req is None or req.mode is None:
@@ -512,7 +552,7 @@ class Txn:
 
     def unlock_metadata(self, table: Hashable) -> None:
         """Release the metadata lock of `table`. Data locks on the table must be released first."""
-        with self._mgr._mutex:
+        with self._mgr._critical:
             req = self._meta.get(table)
             if req is None or req.mode is None or req.wanted is not None:
                 raise LockUsageError(f"txn {self.id} holds no metadata lock on {table!r}")
@@ -525,7 +565,7 @@ class Txn:
     def release_all(self) -> None:
         """Release every lock this txn holds."""
         mgr = self._mgr
-        with mgr._mutex:
+        with mgr._critical:
             if self.waiting_request is not None:
                 raise LockUsageError(
                     f"txn {self.id} is waiting for a lock in another thread or task; "
@@ -708,7 +748,8 @@ class _Call:
     def resume(self, req: Request, woke: bool) -> Request | None:
         """After a wait on `req`: carry on with the next step, or fail cleanly."""
         mgr = self.txn._mgr
-        with mgr._mutex:
+        mgr._acquire()  # not `with mgr._critical`: this is every waiter's hand-off path
+        try:
             if req.failure is not None:
                 raise self._failed(req.failure)
             if req.wanted is None:  # granted (even if the wake raced a timeout)
@@ -719,10 +760,12 @@ class _Call:
             error = self._timeout(req, req.wanted)
             mgr._refuse(req)
             raise self._failed(error)
+        finally:
+            mgr._leave()
 
     def cancel(self, req: Request) -> None:
         """The waiting task was cancelled: withdraw the request and undo the call."""
-        with self.txn._mgr._mutex:
+        with self.txn._mgr._critical:
             if req.failure is None:
                 if req.wanted is not None:
                     self.txn._mgr._refuse(req)
@@ -782,7 +825,7 @@ class _Call:
             if victim is txn:
                 raise self._failed(error)
             victim_req.failure = error
-            victim_req.wake()
+            mgr._wakes.append(victim_req)
 
 
 def _maybe_escalate(txn: Txn, parent: Request, parent_key: Resource) -> None:
