@@ -203,35 +203,45 @@ class Queue:
 
         A waiter passes if it is compatible with the granted locks of others
         and with every request still waiting ahead of it, so nothing is ever
-        granted past a waiter it conflicts with (no barging). Once an X
-        request is waiting, nothing behind it can pass, and the walk stops.
-        The granted requests are returned; the caller wakes them.
+        granted past a waiter it conflicts with (no barging). The walk keeps
+        a summary of the waiters it passed over (`_ahead_*`: a mask of modes
+        here; what conflicts is the only thing a subclass changes) and stops
+        once nothing behind them could pass. The granted requests are
+        returned; the caller wakes them.
         """
         granted: list[Request] = []
-        ahead = 0
+        ahead = self._ahead_start()
         waiting = self.waiting
         i = 0
         while i < len(waiting):
             req = waiting[i]
             mode = req.wanted
             assert mode is not None
-            if self._passes(req, mode, ahead):
+            if not self._ahead_blocks(ahead, mode) and not self.blocked_by_granted(req, mode):
                 del waiting[i]
                 self.add_granted(req, mode)
                 self.granted_one(req)
                 granted.append(req)
                 continue
-            ahead = self._add_ahead(ahead, mode)
-            if ahead & _X_BIT:
+            ahead = self._ahead_add(ahead, mode)
+            if self._ahead_blocks_all(ahead):
                 break
             i += 1
         return granted
 
-    def _passes(self, req: Request, mode: Mode, ahead: int) -> bool:
-        return not (mode.conflicts & ahead or self.blocked_by_granted(req, mode))
+    # The summary of waiters passed over by the walk: a mask of their modes.
 
-    def _add_ahead(self, ahead: int, mode: Mode) -> int:
+    def _ahead_start(self) -> Any:
+        return 0
+
+    def _ahead_add(self, ahead: Any, mode: Mode) -> Any:
         return ahead | mode.bit
+
+    def _ahead_blocks(self, ahead: Any, mode: Mode) -> bool:
+        return bool(mode.conflicts & ahead)
+
+    def _ahead_blocks_all(self, ahead: Any) -> bool:
+        return bool(ahead & _X_BIT)  # X waits ahead: nothing is compatible with it
 
     def granted_one(self, req: Request) -> None:
         """Hook for queues that keep grant history (metadata locks)."""
