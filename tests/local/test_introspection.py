@@ -49,3 +49,15 @@ def test_lock_info_is_a_plain_value() -> None:
     info = LockInfo(("t",), 1, S, True, 0.0)
     assert info.kind == "data"
     assert info == LockInfo(("t",), 1, S, True, 0.0)
+
+
+def test_a_solo_lock_keeps_its_grant_time_when_contention_arrives(mgr: LockManager) -> None:
+    holder, waiter = mgr.begin(), mgr.begin()
+    holder.lock(ROW, X)
+    (granted_at,) = [i.since for i in mgr.locks() if i.resource == ROW]
+    time.sleep(0.01)
+    a = Attempt(waiter, waiter.lock, ROW, X, timeout=5).queued()  # builds the queue
+    (still,) = [i.since for i in mgr.locks() if i.resource == ROW and i.granted]
+    assert still == granted_at
+    holder.release_all()
+    a.join()

@@ -231,11 +231,12 @@ class LockManager:
             return entry
         queue = self._queues[key] = Queue(key)
         if entry is not None:
-            mode = entry.mode
+            mode, since = entry.mode, entry.since
             assert mode is not None
             entry.mode = None
             entry.queue = queue
             queue.add_granted(entry, mode)
+            entry.since = since  # still the time it was granted
         return queue
 
     def _meta_queue(self, table: Hashable) -> Queue:
@@ -390,8 +391,9 @@ class Txn:
         while req is not None:
             future: asyncio.Future[None] = req.signal
             woke = True
+            left = call.deadline - time.monotonic()
             try:
-                async with asyncio.timeout(max(0.0, call.deadline - time.monotonic())):
+                async with asyncio.timeout(None if left == math.inf else max(0.0, left)):
                     await future
             except TimeoutError:
                 woke = False
