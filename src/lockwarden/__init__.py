@@ -20,6 +20,7 @@ from lockwarden.errors import (
     StoreError,
 )
 from lockwarden.modes import Mode
+from lockwarden.store import connect
 
 __version__ = "0.1.0"
 
@@ -36,4 +37,5 @@ __all__ = [
     "NotHeld",
     "StoreError",
     "__version__",
+    "connect",
 ]
