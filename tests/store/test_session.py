@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from lockwarden import (
     NotHeld,
 )
 from lockwarden.store import HeldLock, Stamp, Store
+from lockwarden.store.backend import AcquireRequest
 
 from .conftest import Background, resume_heartbeat, stop_heartbeat, wait_for
 
@@ -66,7 +68,7 @@ def test_try_lock_failure_reports_blockers(store: Store) -> None:
         assert (blocker.session_id, blocker.app_id) == (a.id, "holder")
         assert "app 'holder'" in str(caught.value)
         started = time.monotonic()
-        with pytest.raises(LockTimeout, match="not granted within 0.3 s"):
+        with pytest.raises(LockTimeout, match=r"not granted within 0\.3 s"):
             b.lock("x", timeout=0.3)
         assert 0.3 <= time.monotonic() - started < 2
         assert store.waiters() == []  # the timed-out waiter left nothing
@@ -106,15 +108,14 @@ def test_permit_change_reaches_a_waiting_client(connect: Callable[..., Store]) -
 
 
 def test_a_reader_does_not_pass_a_waiting_writer(store: Store) -> None:
-    with store.session(app_id="r1") as r1, store.session(app_id="w") as w:
-        with store.session(app_id="r2") as r2:
-            first = r1.lock("doc", "read")
-            writer = Background(lambda: w.lock("doc", "write", timeout=10))
-            wait_for(lambda: store.waiters("doc"), what="the writer to queue")
-            assert r2.try_lock("doc", "read") is None  # no barging past the writer
-            first.release()
-            writer.result().release()
-            assert r2.try_lock("doc", "read") is not None
+    r1, w, r2 = (store.session(app_id=app) for app in ("r1", "w", "r2"))
+    first = r1.lock("doc", "read")
+    writer = Background(lambda: w.lock("doc", "write", timeout=10))
+    wait_for(lambda: store.waiters("doc"), what="the writer to queue")
+    assert r2.try_lock("doc", "read") is None  # no barging past the writer
+    first.release()
+    writer.result().release()
+    assert r2.try_lock("doc", "read") is not None
 
 
 def test_fifo_order(store: Store) -> None:
@@ -362,3 +363,63 @@ def test_lost_session_refuses_new_locks(store: Store) -> None:
     assert len(lost) == 1
     s.close()
     assert store.locks() == []
+
+
+def test_a_retried_attempt_is_recognised_not_granted_twice(store: Store) -> None:
+    """What a retry after a dropped connection sends: the same request id, again."""
+    with store.session(app_id="a") as s, store.session(app_id="b") as other:
+        request = AcquireRequest(s.id, "retry-1", ("p", "q"), ("X", "S"), True, False, None)
+        first = store._backend.acquire(request)
+        again = store._backend.acquire(request)
+        assert first.status == again.status == "granted"
+        assert again.tokens == first.tokens
+        assert len(store.locks()) == 2
+        # a retried enqueue keeps its place in the queue
+        queued = AcquireRequest(other.id, "retry-2", ("p",), ("X",), True, False, None)
+        assert store._backend.acquire(queued).status == "blocked"
+        assert store._backend.acquire(queued).status == "blocked"
+        assert [w.session_id for w in store.waiters()] == [other.id]
+
+
+@pytest.mark.slow
+def test_multi_locks_are_never_partly_granted_under_contention(store: Store) -> None:
+    """Workers take random sets of names; a watcher never sees a set half held."""
+    names = ["n1", "n2", "n3", "n4"]
+    stop = threading.Event()
+    current: dict[str, tuple[int, frozenset[str]]] = {}  # session -> (version, names asked)
+    exclusive_ok = []
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        with store.session(app_id=f"w{seed}") as s:
+            version = 0
+            while not stop.is_set():
+                chosen = frozenset(rng.sample(names, rng.randint(1, 3)))
+                version += 1
+                current[s.id] = (version, chosen)
+                try:
+                    stamp = s.lock_many([(n, "write") for n in sorted(chosen)], timeout=2)
+                except LockTimeout:
+                    continue
+                holders = {e.name: e.holder.session_id for e in store.locks()}
+                exclusive_ok.append(all(holders.get(n) == s.id for n in chosen))
+                time.sleep(rng.uniform(0, 0.005))
+                stamp.release()
+
+    workers = [Background(lambda seed=seed: work(seed)) for seed in range(4)]
+    snapshots = 0
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        asked_before = dict(current)
+        held: dict[str, set[str]] = {}
+        for entry in store.locks():
+            held.setdefault(entry.holder.session_id, set()).add(entry.name)
+        asked_after = dict(current)
+        for session_id, got in held.items():
+            if asked_before.get(session_id) == asked_after.get(session_id):
+                assert got == set(asked_after[session_id][1])  # all of the set, or none
+                snapshots += 1
+    stop.set()
+    for worker in workers:
+        worker.result()
+    assert snapshots > 20 and exclusive_ok and all(exclusive_ok)

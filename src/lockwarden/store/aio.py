@@ -10,9 +10,9 @@ clean-up removes whatever the request had stored.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Callable, Coroutine, Generator
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from lockwarden.store.waiting import Call, Steps
 from lockwarden.store.wakeups import AsyncSubscription
@@ -59,19 +59,31 @@ async def _in_thread(fn: Callable[[], T]) -> T:
         raise
 
 
-class AsyncAcquire(Generic[T]):
-    """``await`` it for the lock, or use it as ``async with``, which also releases."""
+class AsyncAcquire(Coroutine[Any, Any, T]):
+    """``await`` it for the lock, or use it as ``async with``, which also releases.
 
-    def __init__(self, acquire: Callable[[], Awaitable[T]], release: Callable[[T], None]) -> None:
+    It is a coroutine, so ``asyncio.create_task`` takes it too.
+    """
+
+    def __init__(self, acquire: Coroutine[Any, Any, T], release: Callable[[T], None]) -> None:
         self._acquire = acquire
         self._release = release
         self._held: T | None = None
 
+    def send(self, value: Any) -> Any:
+        return self._acquire.send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._acquire.throw(*args)
+
+    def close(self) -> None:
+        self._acquire.close()
+
     def __await__(self) -> Generator[Any, None, T]:
-        return self._acquire().__await__()
+        return self._acquire.__await__()
 
     async def __aenter__(self) -> T:
-        self._held = await self._acquire()
+        self._held = await self._acquire
         return self._held
 
     async def __aexit__(

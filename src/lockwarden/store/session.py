@@ -314,7 +314,7 @@ class Session:
         Cancelling the waiting task leaves no row behind.
         """
         want = self._want([(name, mode)], timeout, on_stale)
-        return AsyncAcquire(lambda: self._acquire_async(want, HeldLock), Stamp.release)
+        return AsyncAcquire(self._acquire_async(want, HeldLock), Stamp.release)
 
     def lock_many_async(
         self,
@@ -324,7 +324,7 @@ class Session:
     ) -> AsyncAcquire[Stamp]:
         """`lock_many` for asyncio, used like `lock_async`."""
         want = self._want(items, timeout, on_stale)
-        return AsyncAcquire(lambda: self._acquire_async(want, Stamp), Stamp.release)
+        return AsyncAcquire(self._acquire_async(want, Stamp), Stamp.release)
 
     def Lock(self, name: str, mode: Mode | str = "write") -> SharedLock:  # noqa: N802
         """A `threading.Lock`-like object for ``name`` (named like kazoo's ``zk.Lock``)."""
