@@ -27,33 +27,36 @@ def test_await_and_async_with(store: Store) -> None:
     asyncio.run(main())
 
 
+async def _queue_behind_a_holder(
+    store: Store, name: str
+) -> tuple[HeldLock, asyncio.Task[HeldLock]]:
+    """A lock held by one session, and a task of another session queued for it."""
+    held = store.session(app_id="holder").lock(name)
+    task = asyncio.create_task(store.session(app_id="waiter").lock_async(name, timeout=10))
+    while not store.waiters(name):
+        await asyncio.sleep(0.01)
+    return held, task
+
+
 def test_a_waiting_task_is_woken_by_a_release(store: Store) -> None:
     async def main() -> None:
-        with store.session(app_id="a") as a, store.session(app_id="b") as b:
-            held = a.lock("wake")
-            task = asyncio.create_task(b.lock_async("wake", timeout=10))
-            while not store.waiters("wake"):
-                await asyncio.sleep(0.01)
-            await asyncio.to_thread(held.release)
-            got = await asyncio.wait_for(task, 5)
-            assert [e.token for e in store.locks()] == [got.token]
-            got.release()
+        held, task = await _queue_behind_a_holder(store, "wake")
+        await asyncio.to_thread(held.release)
+        got = await asyncio.wait_for(task, 5)
+        assert [e.token for e in store.locks()] == [got.token]
+        got.release()
 
     asyncio.run(main())
 
 
 def test_cancelling_a_waiter_leaves_no_row(store: Store) -> None:
     async def main() -> None:
-        with store.session(app_id="a") as a, store.session(app_id="b") as b:
-            held = a.lock("c")
-            task = asyncio.create_task(b.lock_async("c"))
-            while not store.waiters("c"):
-                await asyncio.sleep(0.01)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            assert store.waiters() == []
-            assert [e.token for e in store.locks()] == [held.token]
+        held, task = await _queue_behind_a_holder(store, "c")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert store.waiters() == []
+        assert [e.token for e in store.locks()] == [held.token]
 
     asyncio.run(main())
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine, Generator
 from types import TracebackType
 from typing import Any, TypeVar
 
-from lockwarden.store.waiting import Call, Steps
+from lockwarden.store.waiting import Call, Driver, Steps
 from lockwarden.store.wakeups import AsyncSubscription
 
 T = TypeVar("T")
@@ -22,24 +22,18 @@ T = TypeVar("T")
 
 async def run_async(steps: Steps[T], sub: AsyncSubscription) -> T:
     """Drive ``steps`` on the running event loop."""
-    value: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = steps.send(value) if error is None else steps.throw(error)
-        except StopIteration as stop:
-            result: T = stop.value
-            return result
-        value = error = None
+    driver = Driver(steps)
+    while (step := driver.next_step()) is not None:
         try:
             if isinstance(step, Call):
-                value = await _in_thread(step.fn)
+                driver.outcome(await _in_thread(step.fn))
             elif step.woken:
                 await sub.wait_async(step.seconds)
             else:
                 await asyncio.sleep(step.seconds or 0.0)
-        except BaseException as exc:  # cancellation included: the generator cleans up
-            error = exc
+        except BaseException as exc:  # a cancellation too: the generator cleans up
+            driver.outcome(error=exc)
+    return driver.result
 
 
 async def _in_thread(fn: Callable[[], T]) -> T:

@@ -20,7 +20,7 @@ session.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Final
 
@@ -68,12 +68,7 @@ def postgres(schema: str) -> Dialect:
 
 def plpgsql(schema: str) -> Dialect:
     """Statements inside PL/pgSQL: parameters are variables, the clock is read once."""
-    return Dialect(
-        prefix=f"{schema}.",
-        now="_now",
-        started="date_part('epoch', pg_postmaster_start_time())",
-        param="_{}",
-    )
+    return replace(postgres(schema), now="_now", param="_{}")
 
 
 # -- sessions ---------------------------------------------------------------
@@ -250,8 +245,7 @@ SELECT (SELECT {LIVE} FROM {{p}}lw_sessions AS s WHERE s.id = :session) AS live,
 
 LOCKS: Final = f"""
 SELECT h.name, h.mode, h.token, s.id AS session_id, s.app_id, s.host, s.pid,
-       {{now}} - h.granted_at AS held_for, {{now}} - s.heartbeat_at AS heartbeat_age,
-       {LIVE} AS live
+       h.granted_at AS since, s.heartbeat_at, {{now}} AS now, NOT {LIVE} AS stale
 FROM {{p}}lw_holders AS h JOIN {{p}}lw_sessions AS s ON s.id = h.session_id
 WHERE h.name = coalesce(:name, h.name)
 ORDER BY h.name, h.token
@@ -260,7 +254,7 @@ ORDER BY h.name, h.token
 WAITERS: Final = f"""
 SELECT w.name, w.mode, s.id AS session_id, s.app_id, s.host, s.pid,
        {{now}} - w.enqueued_at AS waited_for, w.expires_at - {{now}} AS expires_in,
-       {LIVE} AND (w.expires_at IS NULL OR w.expires_at > {{now}}) AS live
+       NOT ({LIVE} AND (w.expires_at IS NULL OR w.expires_at > {{now}})) AS stale
 FROM {{p}}lw_waiters AS w JOIN {{p}}lw_sessions AS s ON s.id = w.session_id
 WHERE w.name = coalesce(:name, w.name)
 ORDER BY w.name, w.seq

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TypeVar
 
-from lockwarden.errors import Holder, LockLost, LockTimeout, LockUsageError, NotHeld
+from lockwarden.errors import LockLost, LockTimeout, LockUsageError, NotHeld
 from lockwarden.modes import Mode
 from lockwarden.store import queries, validate
 from lockwarden.store.aio import AsyncAcquire, run_async
@@ -32,7 +32,7 @@ from lockwarden.store.fence import Fence
 from lockwarden.store.heartbeat import Heartbeat
 from lockwarden.store.postgres import PostgresBackend
 from lockwarden.store.sqlite import SQLiteBackend
-from lockwarden.store.status import Cleaned, LockEntry, Permits, WaiterEntry
+from lockwarden.store.status import Cleaned, LockEntry, Permits, WaiterEntry, holder_of
 from lockwarden.store.url import parse_url
 from lockwarden.store.waiting import Steps, Want, acquire_steps, describe, run_sync
 from lockwarden.store.wakeups import AsyncSubscription, Subscription
@@ -148,20 +148,7 @@ class Store:
         """Every granted lock (or those on ``name``), stale ones included and flagged."""
         rows = self._backend.query(queries.LOCKS, {"name": _optional_name(name)})
         return [
-            LockEntry(
-                name=r["name"],
-                mode=Mode(r["mode"]),
-                token=r["token"],
-                holder=Holder(
-                    r["session_id"],
-                    r["app_id"],
-                    r["host"],
-                    r["pid"],
-                    r["held_for"],
-                    r["heartbeat_age"],
-                ),
-                stale=not r["live"],
-            )
+            LockEntry(r["name"], Mode(r["mode"]), r["token"], holder_of(r), bool(r["stale"]))
             for r in rows
         ]
 
@@ -169,18 +156,7 @@ class Store:
         """Every queued request (or those on ``name``), in queue order per name."""
         rows = self._backend.query(queries.WAITERS, {"name": _optional_name(name)})
         return [
-            WaiterEntry(
-                name=r["name"],
-                mode=Mode(r["mode"]),
-                session_id=r["session_id"],
-                app_id=r["app_id"],
-                host=r["host"],
-                pid=r["pid"],
-                waited_for=r["waited_for"],
-                expires_in=r["expires_in"],
-                stale=not r["live"],
-            )
-            for r in rows
+            WaiterEntry(**r | {"mode": Mode(r["mode"]), "stale": bool(r["stale"])}) for r in rows
         ]
 
     def fence(self, resource: str) -> Fence:

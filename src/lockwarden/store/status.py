@@ -6,10 +6,24 @@ is no longer live (design note, "The liveness predicate").
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from lockwarden.errors import Holder
 from lockwarden.modes import Mode
+
+
+def holder_of(row: Mapping[str, Any]) -> Holder:
+    """The holder described by a row with session columns, ``since`` and the database's ``now``."""
+    return Holder(
+        session_id=row["session_id"],
+        app_id=row["app_id"],
+        host=row["host"],
+        pid=row["pid"],
+        held_for=row["now"] - row["since"],
+        heartbeat_age=row["now"] - row["heartbeat_at"],
+    )
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from lockwarden.errors import (
     Deadlock,
@@ -34,6 +34,7 @@ from lockwarden.errors import (
 )
 from lockwarden.modes import Mode
 from lockwarden.store.backend import AcquireRequest, Attempt, Backend, Row
+from lockwarden.store.status import holder_of
 from lockwarden.store.wakeups import Subscription
 
 T = TypeVar("T")
@@ -61,26 +62,50 @@ Step = Call | Wait
 Steps = Generator[Step, Any, T]
 
 
+class Driver(Generic[T]):
+    """The generator side of a driver: hands out steps, takes back their outcomes.
+
+    A step's exception (a timeout, a cancellation) is thrown into the
+    generator, which cleans up and re-raises it.
+    """
+
+    def __init__(self, steps: Steps[T]) -> None:
+        self._steps = steps
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self.result: T
+
+    def next_step(self) -> Step | None:
+        """The next step to run, or None when the generator has returned `result`."""
+        try:
+            if self._error is None:
+                step = self._steps.send(self._value)
+            else:
+                step = self._steps.throw(self._error)
+        except StopIteration as stop:
+            self.result = stop.value
+            return None
+        self._value = self._error = None
+        return step
+
+    def outcome(self, value: Any = None, error: BaseException | None = None) -> None:
+        self._value, self._error = value, error
+
+
 def run_sync(steps: Steps[T], sub: Subscription) -> T:
     """Drive ``steps`` in this thread."""
-    value: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = steps.send(value) if error is None else steps.throw(error)
-        except StopIteration as stop:
-            result: T = stop.value
-            return result
-        value = error = None
+    driver = Driver(steps)
+    while (step := driver.next_step()) is not None:
         try:
             if isinstance(step, Call):
-                value = step.fn()
+                driver.outcome(step.fn())
             elif step.woken:
                 sub.wait(step.seconds)
             else:
                 time.sleep(step.seconds or 0.0)
-        except BaseException as exc:  # handed to the generator, which cleans up and re-raises
-            error = exc
+        except BaseException as exc:
+            driver.outcome(error=exc)
+    return driver.result
 
 
 @dataclass(frozen=True)
@@ -163,11 +188,11 @@ def _judge(rows: Sequence[Row], max_hold: float | None) -> _Blocked:
             raise _unresponsive(row)
         if max_hold is not None and row["now"] - row["since"] > max_hold:
             raise HeldTooLong(
-                f"{row['name']!r} has been held by {_holder(row)}, longer than max_hold "
+                f"{row['name']!r} has been held by {holder_of(row)}, longer than max_hold "
                 f"({max_hold:g} s): giving up instead of waiting behind it. If it is stuck, "
                 f"clear it with `lockwarden break {row['name']}`; otherwise raise max_hold.",
                 name=row["name"],
-                holder=_holder(row),
+                holder=holder_of(row),
             )
     # The earliest moment something in the way may stop counting: a holder or
     # waiter turning stale, a holder passing max_hold, a waiter's deadline.
@@ -176,25 +201,14 @@ def _judge(rows: Sequence[Row], max_hold: float | None) -> _Blocked:
     if max_hold is not None:
         moments += [r["since"] + max_hold - r["now"] for r in holders]
     return _Blocked(
-        holders=tuple(_holder(r) for r in holders),
+        holders=tuple(holder_of(r) for r in holders),
         waiters_ahead=len(rows) - len(holders),
         recheck=max(0.0, min(moments)) + _PAST_THE_EDGE if moments else None,
     )
 
 
-def _holder(row: Row) -> Holder:
-    return Holder(
-        session_id=row["session_id"],
-        app_id=row["app_id"],
-        host=row["host"],
-        pid=row["pid"],
-        held_for=row["now"] - row["since"],
-        heartbeat_age=row["now"] - row["heartbeat_at"],
-    )
-
-
 def _unresponsive(row: Row) -> HolderUnresponsive:
-    holder = _holder(row)
+    holder = holder_of(row)
     why = (
         "whose session has expired"
         if row["expired"]
