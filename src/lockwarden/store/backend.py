@@ -110,6 +110,9 @@ class AcquireRequest:
     wait: float | None
     """Seconds the caller is still prepared to wait (None: forever): the queue
     entries expire then, even if the caller vanishes without removing them."""
+    queued: bool = False
+    """An earlier attempt queued this request, so it is most likely still blocked
+    (SQLite then looks before it queues for the write lock)."""
 
 
 @dataclass(frozen=True)
@@ -118,8 +121,8 @@ class Attempt:
 
     status: str
     """"granted", "blocked", "lost" (our session is not live) or "deadlock"."""
-    tokens: tuple[int, ...] = ()
-    """One fencing token per name, in request order (granted)."""
+    tokens: Mapping[str, int] = field(default_factory=dict)
+    """The fencing token of each name (granted)."""
     reclaimed: bool = False
     """Rows of dead holders were removed on the way (granted or blocked)."""
     rows: tuple[Row, ...] = ()
@@ -131,7 +134,7 @@ class Attempt:
     def from_dict(cls, found: Mapping[str, Any]) -> Attempt:
         return cls(
             status=found["status"],
-            tokens=tuple(found.get("tokens") or ()),
+            tokens=dict(found.get("tokens") or {}),
             reclaimed=bool(found.get("reclaimed")),
             rows=tuple(found.get("rows") or ()),
             edges=tuple((src, dst) for src, dst in found.get("edges") or ()),

@@ -2,9 +2,9 @@
 
 They run the algorithm of the design note with the shared statements of
 `queries`, so the SQL a grant decision rests on is the same text that SQLite
-runs. What is PostgreSQL's own: the per-name advisory locks that serialize
-requests for a name, the token sequence with its epoch (design note,
-"Durability"), and NOTIFY.
+runs. What is PostgreSQL's own: the advisory locks that serialize requests
+for a name, the token sequence and its jump after a server restart (design
+note, "Durability"), and NOTIFY.
 """
 
 from __future__ import annotations
@@ -42,7 +42,12 @@ MIGRATION_KEY = -2
 
 
 def functions(schema: str) -> list[str]:
-    """``CREATE FUNCTION`` statements for a schema (part of its migration)."""
+    """``CREATE FUNCTION`` statements for a schema (part of its migration).
+
+    A PL/pgSQL function pays for every statement and expression it runs
+    (each is set up afresh in each transaction), so the common path is kept
+    to a few set-based statements over all the request's names.
+    """
     d = queries.plpgsql(schema)
     key = lock_key(schema)
     notify = channel(schema)
@@ -60,6 +65,8 @@ CREATE OR REPLACE FUNCTION {schema}.lw_acquire(
     _enqueue boolean, _refuse boolean, _wait double precision, _relaxed boolean)
 RETURNS jsonb
 LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_bitmapscan = off
 AS $fn$
 DECLARE
     _now double precision;
@@ -68,16 +75,11 @@ DECLARE
     _i integer;
     _name text;
     _mode text;
-    _found jsonb;
+    _rows jsonb;
     _dead boolean;
-    _n bigint;
-    _rows jsonb := '[]';
+    _gone text[];
     _reclaimed boolean := false;
-    _epoch bigint;
-    _epoch_started bigint;
-    _started bigint;
-    _token bigint;
-    _tokens jsonb := '[]';
+    _tokens jsonb;
     _edges jsonb;
 BEGIN
     {relax}
@@ -85,7 +87,7 @@ BEGIN
     _now := date_part('epoch', clock_timestamp());
     SELECT * INTO _state FROM ({d.render(queries.ACQUIRE_STATE)}) AS st;
     IF _state.granted THEN  -- a retry of a request whose first attempt committed
-        SELECT jsonb_agg(g.token ORDER BY array_position(_names, g.name)) INTO _tokens
+        SELECT jsonb_object_agg(g.name, g.token) INTO _tokens
         FROM ({d.render(queries.GRANTED)}) AS g;
         RETURN jsonb_build_object('status', 'granted', 'tokens', _tokens);
     END IF;
@@ -94,48 +96,44 @@ BEGIN
     END IF;
     _seq := _state.seq;
 
-    FOR _i IN 1 .. cardinality(_names) LOOP
-        _name := _names[_i];
-        _mode := _modes[_i];
-        LOOP
-            SELECT coalesce(jsonb_agg(to_jsonb(x) || jsonb_build_object('name', _name)), '[]'),
-                   coalesce(bool_or(x.kind = 'holder' AND NOT x.live AND NOT _refuse), false)
-            INTO _found, _dead
-            FROM ({d.render(queries.IN_THE_WAY)}) AS x;
-            EXIT WHEN NOT _dead;
-            {d.render(queries.RECLAIM_EXPIRE)};
-            WITH gone AS ({d.render(queries.RECLAIM_DELETE)}) SELECT count(*) INTO _n FROM gone;
-            IF _n > 0 THEN
-                _reclaimed := true;
-                PERFORM pg_notify('{notify}', _name);
-            END IF;
-        END LOOP;
-        _rows := _rows || _found;
-    END LOOP;
-
-    IF jsonb_array_length(_rows) = 0 THEN
-        -- The epoch moves on when the server restarted (design note, "Durability").
-        _started := (date_part('epoch', pg_postmaster_start_time()) * 1000000)::bigint;
-        SELECT max(value) FILTER (WHERE key = 'epoch'),
-               max(value) FILTER (WHERE key = 'epoch_started')
-        INTO _epoch, _epoch_started
-        FROM {schema}.lw_meta WHERE key IN ('epoch', 'epoch_started');
-        IF _epoch_started <> _started THEN
-            UPDATE {schema}.lw_meta SET value = _started
-            WHERE key = 'epoch_started' AND value <> _started;
-            IF FOUND THEN
-                UPDATE {schema}.lw_meta SET value = value + 1 WHERE key = 'epoch';
-                PERFORM set_config('synchronous_commit', 'on', true);
-            END IF;
-            SELECT value INTO _epoch FROM {schema}.lw_meta WHERE key = 'epoch';
-        END IF;
+    _rows := '[]';
+    LOOP
+        EXIT WHEN _state.idle;
+        _rows := '[]';
+        _dead := false;
         FOR _i IN 1 .. cardinality(_names) LOOP
             _name := _names[_i];
             _mode := _modes[_i];
-            _token := (_epoch << 40) | nextval('{schema}.lw_token_seq');
-            {d.render(queries.INSERT_HOLDER)};
-            _tokens := _tokens || to_jsonb(_token);
+            SELECT _rows || coalesce(jsonb_agg(to_jsonb(x)), '[]'),
+                   _dead OR coalesce(bool_or(x.kind = 'holder' AND NOT x.live), false)
+            INTO _rows, _dead
+            FROM ({d.render(queries.IN_THE_WAY)}) AS x;
         END LOOP;
+        EXIT WHEN _refuse OR NOT _dead;
+        {d.render(queries.RECLAIM_EXPIRE)};
+        WITH gone AS ({d.render(queries.RECLAIM_DELETE)})
+        SELECT array_agg(DISTINCT name) INTO _gone FROM gone;
+        IF _gone IS NOT NULL THEN
+            _reclaimed := true;
+            PERFORM pg_notify('{notify}', n) FROM unnest(_gone) AS n;
+        END IF;
+    END LOOP;
+
+    IF _rows = '[]' THEN
+        IF _state.started <> _state.started_now THEN
+            -- The server restarted: tokens move on to the next 2^40 range, durably,
+            -- so that none repeats one a crash may have forgotten ("Durability").
+            UPDATE {schema}.lw_meta SET value = _state.started_now
+            WHERE key = 'started' AND value <> _state.started_now;
+            IF FOUND THEN
+                PERFORM setval('{schema}.lw_token_seq',
+                               ((last_value >> 40) + 1) << 40, false)
+                FROM {schema}.lw_token_seq;
+                PERFORM set_config('synchronous_commit', 'on', true);
+            END IF;
+        END IF;
+        WITH granted AS ({d.render(queries.INSERT_HOLDERS)})
+        SELECT jsonb_object_agg(name, token) INTO _tokens FROM granted;
         IF _seq IS NOT NULL THEN
             {d.render(queries.DEQUEUE)};
         END IF;
@@ -145,17 +143,13 @@ BEGIN
     IF _enqueue THEN
         IF _seq IS NULL THEN
             _seq := nextval('{schema}.lw_queue_seq');
-            FOR _i IN 1 .. cardinality(_names) LOOP
-                _name := _names[_i];
-                _mode := _modes[_i];
-                {d.render(queries.INSERT_WAITER)};
-            END LOOP;
+            {d.render(queries.INSERT_WAITERS)};
         END IF;
         IF (SELECT h.holds FROM ({d.render(queries.HOLDS_ANY)}) AS h) THEN
             PERFORM pg_advisory_xact_lock({key}, {GRAPH_KEY});
             SELECT coalesce(jsonb_agg(jsonb_build_array(e.src, e.dst)), '[]') INTO _edges
             FROM ({d.render(queries.DEADLOCK_EDGES)}) AS e;
-            IF jsonb_array_length(_edges) > 0 THEN
+            IF _edges <> '[]' THEN
                 {d.render(queries.DEQUEUE)};
                 PERFORM pg_notify('{notify}', n) FROM unnest(_names) AS n;
                 RETURN jsonb_build_object('status', 'deadlock', 'edges', _edges);
@@ -170,18 +164,21 @@ CREATE OR REPLACE FUNCTION {schema}.lw_release(
     _session text, _request text, _names text[], _relaxed boolean)
 RETURNS bigint
 LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_bitmapscan = off
 AS $fn$
 DECLARE
     _n bigint;
 BEGIN
     {relax}
     {lock_names}
-    WITH gone AS ({d.render(queries.RELEASE)}) SELECT count(*) INTO _n FROM gone;
-    {d.render(queries.DEQUEUE)};
+    WITH gone AS ({d.render(queries.RELEASE)}), dequeued AS ({d.render(queries.DEQUEUE)})
+    SELECT count(*) INTO _n FROM gone;
     -- Holding the names' locks, no waiter can enqueue unseen between this
     -- check and the commit, so a release nobody waits for costs no NOTIFY.
-    PERFORM pg_notify('{notify}', n) FROM unnest(_names) AS n
-    WHERE EXISTS (SELECT 1 FROM {schema}.lw_waiters AS w WHERE w.name = n);
+    IF EXISTS (SELECT 1 FROM {schema}.lw_waiters WHERE name = ANY(_names)) THEN
+        PERFORM pg_notify('{notify}', n) FROM unnest(_names) AS n;
+    END IF;
     RETURN _n;
 END
 $fn$"""
@@ -196,8 +193,6 @@ def steps(schema: str) -> dict[int, list[str]]:
             # handed out by two connections would not grow in grant order.
             f"CREATE SEQUENCE {schema}.lw_token_seq CACHE 1",
             f"CREATE SEQUENCE {schema}.lw_queue_seq CACHE 1",
-            f"INSERT INTO {schema}.lw_meta (key, value) VALUES ('epoch', 0), ('epoch_started',"
-            " (date_part('epoch', pg_postmaster_start_time()) * 1000000)::bigint)",
             *functions(schema),
         ]
     }

@@ -41,9 +41,8 @@ _TABLES: Final = (
         session_id TEXT NOT NULL,
         token BIGINT NOT NULL,
         granted_at DOUBLE PRECISION NOT NULL,
-        PRIMARY KEY (request_id, name)
+        PRIMARY KEY (name, request_id)
     )""",
-    "CREATE INDEX lw_holders_name ON {p}lw_holders (name)",
     "CREATE INDEX lw_holders_session ON {p}lw_holders (session_id)",
     """CREATE TABLE {p}lw_waiters (
         request_id TEXT NOT NULL,
@@ -76,7 +75,13 @@ WRITE_VERSION: Final = (
     " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 )
 
-_STEPS: Final[dict[int, Sequence[str]]] = {1: _TABLES}
+_STEPS: Final[dict[int, Sequence[str]]] = {
+    1: (
+        *_TABLES,
+        # The server start seen by the last grant: a new one means a restart.
+        "INSERT INTO {p}lw_meta (key, value) VALUES ('started', {started})",
+    )
+}
 
 
 def steps(version: int, backend_steps: Mapping[int, Sequence[str]]) -> list[str]:

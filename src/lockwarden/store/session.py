@@ -18,7 +18,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TypeVar
@@ -323,7 +323,7 @@ class Session:
             lost=lambda: self._lose("the database no longer counts this session as live"),
         )
 
-    def _run(self, want: Want) -> tuple[str, tuple[int, ...]]:
+    def _run(self, want: Want) -> tuple[str, Mapping[str, int]]:
         steps = acquire_steps(self._backend, want)
         sub = Subscription(frozenset(name for name, _ in want.items))
         if want.timeout == 0:  # a try never waits: no need to listen
@@ -332,7 +332,7 @@ class Session:
             return run_sync(steps, sub)
 
     async def _acquire_async(self, want: Want, kind: type[S]) -> S:
-        steps: Steps[tuple[str, tuple[int, ...]]] = acquire_steps(self._backend, want)
+        steps: Steps[tuple[str, Mapping[str, int]]] = acquire_steps(self._backend, want)
         sub = AsyncSubscription(
             frozenset(name for name, _ in want.items), asyncio.get_running_loop()
         )
@@ -340,12 +340,12 @@ class Session:
             granted = await run_async(steps, sub)
         return self._finish(granted, want, kind)
 
-    def _finish(self, granted: tuple[str, tuple[int, ...]], want: Want, kind: type[S]) -> S:
+    def _finish(self, granted: tuple[str, Mapping[str, int]], want: Want, kind: type[S]) -> S:
         request_id, tokens = granted
         stamp = kind(
             self,
             request_id,
-            tuple(Granted(n, m, t) for (n, m), t in zip(want.items, tokens, strict=True)),
+            tuple(Granted(name, mode, tokens[name]) for name, mode in want.items),
         )
         with self._lock:
             self._held[request_id] = stamp
@@ -384,7 +384,10 @@ class Session:
             if self._held.get(stamp.id) is not stamp:
                 raise NotHeld(f"{stamp!r} is not held: it was released")
         self._raise_if_unusable()
-        row = self._backend.query(queries.CHECK, {"session": self.id, "request": stamp.id})[0]
+        names = [g.name for g in stamp.locks]
+        row = self._backend.query(
+            queries.CHECK, {"session": self.id, "request": stamp.id, "names": names}
+        )[0]
         if not row["live"]:
             self._lose("the database no longer counts this session as live")
             raise self._lost_error(stamp, "")

@@ -14,9 +14,12 @@ milliseconds, backing off to 50 ms, and only while someone waits.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any, TypeVar
 
 from lockwarden.errors import StoreError
@@ -32,8 +35,42 @@ BUSY_TIMEOUT = 10.0
 POLL_MIN, POLL_MAX = 0.002, 0.05
 """The cross-process poll interval: short after a change, doubling to the maximum while idle."""
 
-_NEXT_TOKENS = "UPDATE lw_meta SET value = value + :n WHERE key = 'token' RETURNING value"
+_RESERVE_TOKENS = (
+    "UPDATE lw_meta SET value = value + :n WHERE key = 'token' RETURNING value - :n + 1 AS first"
+)
 _NEXT_SEQ = "UPDATE lw_meta SET value = value + 1 WHERE key = 'seq' RETURNING value"
+
+
+class _FairLock:
+    """A lock granted in arrival order, around this store's write transactions.
+
+    SQLite's busy handler polls with growing sleeps; a thread writing back
+    to back would keep winning, and a heartbeat waiting behind it could miss
+    its TTL. Ownership passes straight to the longest waiter instead.
+    (Writers in other processes still meet SQLite's polling.)
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._queue: deque[threading.Lock] = deque()
+        self._held = False
+
+    def __enter__(self) -> None:
+        with self._mutex:
+            if not self._held:
+                self._held = True
+                return
+            gate = threading.Lock()
+            gate.acquire()
+            self._queue.append(gate)
+        gate.acquire()  # released by the holder handing over
+
+    def __exit__(self, *exc: object) -> None:
+        with self._mutex:
+            if self._queue:
+                self._queue.popleft().release()
+            else:
+                self._held = False
 
 
 def _dict_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> Row:
@@ -46,6 +83,7 @@ class SQLiteBackend(Backend):
     def __init__(self, url: StoreURL) -> None:
         super().__init__(url)
         self._pool: Pool[sqlite3.Connection] = Pool(self._connect, sqlite3.Connection.close)
+        self._writing = _FairLock()
         self._closed = threading.Event()
         self._kick = threading.Event()
         self._poller: threading.Thread | None = None
@@ -72,22 +110,31 @@ class SQLiteBackend(Backend):
 
     def _execute(self, conn: sqlite3.Connection, sql: str, params: Params | None) -> list[Row]:
         self.stats.add("statements")
-        return conn.execute(self.dialect.render(sql), params or {}).fetchall()
+        # Lists (a request's names and modes) travel as JSON text, read by json_each.
+        bound = {
+            k: json.dumps(v) if isinstance(v, list | tuple) else v
+            for k, v in (params or {}).items()
+        }
+        return conn.execute(self.dialect.render(sql), bound).fetchall()
 
-    def _in_transaction(self, work: Callable[[Run], T]) -> T:
+    def _in_transaction(self, work: Callable[[Run], T], *, write: bool = True) -> T:
+        """Run ``work`` in a write transaction, or (``write=False``) a read-only one,
+        which neither waits for the writer nor makes it wait."""
+
         def run_in(conn: sqlite3.Connection) -> T:
             def run(sql: str, params: Params | None = None) -> list[Row]:
                 return self._execute(conn, sql, params)
 
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                result = work(run)
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-            return result
+            with self._writing if write else nullcontext():
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                try:
+                    result = work(run)
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+                return result
 
         return self._run(run_in)
 
@@ -108,12 +155,21 @@ class SQLiteBackend(Backend):
     def acquire(self, request: AcquireRequest) -> Attempt:
         self.stats.add("attempts")
         woken: set[str] = set()
-        attempt = self._in_transaction(lambda run: _acquire(run, request, woken))
+        attempt = None
+        if request.queued:
+            # A waiter looking again mostly finds itself still blocked: learn
+            # that without queueing for the write lock, which only changes need.
+            attempt = self._in_transaction(
+                lambda run: _acquire(run, request, woken, write=False), write=False
+            )
+        if attempt is None:
+            attempt = self._in_transaction(lambda run: _acquire(run, request, woken, write=True))
+            assert attempt is not None  # allowed to write, every path ends in an Attempt
         self.wakeups.wake(woken)
         return attempt
 
     def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
-        params = {"session": session_id, "request": request_id}
+        params = {"session": session_id, "request": request_id, "names": names}
 
         def work(run: Run) -> int:
             deleted = len(run(queries.RELEASE, params))
@@ -169,41 +225,48 @@ class SQLiteBackend(Backend):
         self._pool.close()
 
 
-def _acquire(run: Run, request: AcquireRequest, woken: set[str]) -> Attempt:
-    """One attempt (design note, "Acquire"); `plpgsql` holds the same steps for PostgreSQL."""
+def _acquire(run: Run, request: AcquireRequest, woken: set[str], *, write: bool) -> Attempt | None:
+    """One attempt (design note, "Acquire"); `plpgsql` holds the same steps for PostgreSQL.
+
+    Without ``write``, returns None as soon as the attempt would change anything.
+    """
     params: dict[str, object] = {
         "session": request.session_id,
         "request": request.request_id,
+        "names": request.names,
+        "modes": request.modes,
         "refuse": request.refuse,
         "wait": request.wait,
     }
     state = run(queries.ACQUIRE_STATE, params)[0]
     if state["granted"]:  # a retry of a request whose first attempt committed
-        granted = {row["name"]: row["token"] for row in run(queries.GRANTED, params)}
-        return Attempt("granted", tuple(granted[name] for name in request.names))
+        return Attempt("granted", _tokens(run(queries.GRANTED, params)))
     if not state["live"]:
         return Attempt("lost")
     params["seq"] = state["seq"]
 
-    rows: list[Row] = []
     reclaimed = False
-    for name, mode in zip(request.names, request.modes, strict=True):
-        params.update(name=name, mode=mode)
-        while True:
-            found = run(queries.IN_THE_WAY, params)
-            if not any(r["kind"] == "holder" and not r["live"] for r in found) or request.refuse:
-                break
-            run(queries.RECLAIM_EXPIRE, params)
-            if run(queries.RECLAIM_DELETE, params):
-                reclaimed = True
-                woken.add(name)
-        rows.extend(dict(r, name=name) for r in found)
+    rows: list[Row] = []
+    while not state["idle"]:
+        rows = [
+            row
+            for name, mode in zip(request.names, request.modes, strict=True)
+            for row in run(queries.IN_THE_WAY, params | {"name": name, "mode": mode})
+        ]
+        if request.refuse or not any(r["kind"] == "holder" and not r["live"] for r in rows):
+            break
+        if not write:
+            return None
+        run(queries.RECLAIM_EXPIRE, params)
+        if gone := run(queries.RECLAIM_DELETE, params):
+            reclaimed = True
+            woken.update(row["name"] for row in gone)
 
+    if not write and (not rows or (request.enqueue and params["seq"] is None)):
+        return None
     if not rows:
-        last = run(_NEXT_TOKENS, {"n": len(request.names)})[0]["value"]
-        tokens = tuple(range(last - len(request.names) + 1, last + 1))
-        for name, mode, token in zip(request.names, request.modes, tokens, strict=True):
-            run(queries.INSERT_HOLDER, params | {"name": name, "mode": mode, "token": token})
+        first = run(_RESERVE_TOKENS, {"n": len(request.names)})[0]["first"]
+        tokens = _tokens(run(queries.INSERT_HOLDERS, params | {"first_token": first}))
         if state["seq"] is not None:
             run(queries.DEQUEUE, params)
         return Attempt("granted", tokens, reclaimed=reclaimed)
@@ -211,12 +274,17 @@ def _acquire(run: Run, request: AcquireRequest, woken: set[str]) -> Attempt:
     if request.enqueue:
         if params["seq"] is None:
             params["seq"] = run(_NEXT_SEQ)[0]["value"]
-            for name, mode in zip(request.names, request.modes, strict=True):
-                run(queries.INSERT_WAITER, params | {"name": name, "mode": mode})
+            run(queries.INSERT_WAITERS, params)
         if run(queries.HOLDS_ANY, params)[0]["holds"]:
             edges = run(queries.DEADLOCK_EDGES, params)
             if edges:
+                if not write:
+                    return None
                 run(queries.DEQUEUE, params)
                 woken.update(request.names)
                 return Attempt("deadlock", edges=tuple((e["src"], e["dst"]) for e in edges))
     return Attempt("blocked", reclaimed=reclaimed, rows=tuple(rows))
+
+
+def _tokens(rows: list[Row]) -> dict[str, int]:
+    return {row["name"]: row["token"] for row in rows}

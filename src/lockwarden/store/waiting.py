@@ -19,7 +19,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, TypeVar
@@ -122,19 +122,19 @@ class Want:
     """Marks the session lost (the database says it is not live); returns the error to raise."""
 
 
-def acquire_steps(backend: Backend, want: Want) -> Steps[tuple[str, tuple[int, ...]]]:
-    """Acquire ``want.items`` all or nothing; return the request id and one token per item."""
+def acquire_steps(backend: Backend, want: Want) -> Steps[tuple[str, Mapping[str, int]]]:
+    """Acquire ``want.items`` all or nothing; return the request id and each name's token."""
     request_id = secrets.token_hex(16)
     names = tuple(name for name, _ in want.items)
     modes = tuple(mode.value for _, mode in want.items)
     enqueue = want.timeout != 0
     deadline = None if want.timeout is None else time.monotonic() + want.timeout
-    left_rows = False
+    left_rows = queued = False
     try:
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             request = AcquireRequest(
-                want.session_id, request_id, names, modes, enqueue, want.refuse, remaining
+                want.session_id, request_id, names, modes, enqueue, want.refuse, remaining, queued
             )
             left_rows = True  # until we know better: even a failed call may have committed
             attempt: Attempt = yield Call(partial(backend.acquire, request))
@@ -156,7 +156,7 @@ def acquire_steps(backend: Backend, want: Want) -> Steps[tuple[str, tuple[int, .
                     mode=want.items[0][1] if len(names) == 1 else None,
                     cycle=cycle,
                 )
-            left_rows = enqueue
+            left_rows = queued = enqueue
             blocked = _judge(attempt.rows, want.max_hold)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
