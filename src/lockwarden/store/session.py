@@ -369,13 +369,17 @@ class Session:
                 f"{stamp!r} belongs to another session ({stamp.session.id[:8]}), not this "
                 f"one ({self.id[:8]}): release it through the session that took it"
             )
-        with self._lock:
+        with self._lock:  # taken out first: of two releases racing, one gets NotHeld
             if self._held.get(stamp.id) is not stamp:
                 raise NotHeld(f"{stamp!r} is not held: it was never granted or is already released")
+            del self._held[stamp.id]
         names = [g.name for g in stamp.locks]
-        deleted = self._backend.release(self.id, stamp.id, names)
-        with self._lock:
-            self._held.pop(stamp.id, None)
+        try:
+            deleted = self._backend.release(self.id, stamp.id, names)
+        except BaseException:
+            with self._lock:  # still ours as far as we know: a later release may succeed
+                self._held[stamp.id] = stamp
+            raise
         if self._lost is not None or deleted < len(names):
             raise self._lost_error(stamp, "before it was released")
 
@@ -424,6 +428,8 @@ class Session:
             self._closed = True
             self._held.clear()
         self._store._forget(self)
+        if self._lost is not None:
+            self._report_loss()  # on_lost fires even if the heartbeat thread had no time to
         self._backend.change(queries.CLOSE_SESSION, {"session": self.id})
 
     def __enter__(self) -> Session:
@@ -491,10 +497,11 @@ class Session:
         self._report_loss()
 
     def _report_loss(self) -> None:
-        self._next_beat = math.inf
-        if self._lost_reported:
-            return
-        self._lost_reported = True
+        with self._lock:
+            self._next_beat = math.inf
+            if self._lost_reported:
+                return
+            self._lost_reported = True
         try:  # its rows stop counting at once, not a TTL later
             self._backend.change(queries.EXPIRE_SESSION, {"session": self.id})
         except Exception as exc:
