@@ -126,8 +126,8 @@ class Attempt:
     reclaimed: bool = False
     """Rows of dead holders were removed on the way (granted or blocked)."""
     rows: tuple[Row, ...] = ()
-    """What is in the way (blocked): `queries.IN_THE_WAY` rows plus ``name``."""
-    edges: tuple[tuple[str, str], ...] = field(default=())
+    """What is in the way (blocked): `queries.IN_THE_WAY` rows."""
+    edges: tuple[tuple[str, str], ...] = ()
     """The waits-for edges reachable from our session (deadlock)."""
 
     @classmethod
@@ -157,8 +157,9 @@ class Backend(ABC):
 
     @abstractmethod
     def _in_transaction(self, work: Callable[[Run], T]) -> T:
-        """Run ``work`` in one write transaction that excludes every other writer of the store
-        (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: a transaction-level advisory lock)."""
+        """Run ``work`` in one transaction, alone: SQLite's ``BEGIN IMMEDIATE`` excludes
+        every other writer; on PostgreSQL (where only migrations need this) an advisory
+        lock excludes other migrations."""
 
     @abstractmethod
     def query(self, sql: str, params: Params | None = None, *, write: bool = False) -> list[Row]:

@@ -82,12 +82,12 @@ class Store:
         """Open a session: the unit of liveness for every lock it takes (D2).
 
         ``ttl`` is how long the session survives without a heartbeat (beats
-        come every ttl/3). ``on_lost`` is called once, from the heartbeat
-        thread, with a `LockLost` if the session loses its locks.
+        come every ttl/3). ``on_lost`` is called once, with a `LockLost`, if
+        the session loses its locks (from the heartbeat thread, or from
+        `Session.close` if that comes first).
         """
         app_id = validate.name(app_id, "app_id")
-        ttl_s = validate.seconds(ttl, "ttl", none=False, zero=False)
-        assert ttl_s is not None
+        ttl_s = validate.duration(ttl, "ttl", zero=False)
         if on_lost is not None and not callable(on_lost):
             raise LockUsageError(f"on_lost must be callable, got {on_lost!r}")
         with self._lock:
@@ -114,6 +114,7 @@ class Store:
         self._backend.change(statements, {"name": name, "read": read_n, "write": write_n})
 
     def permits(self, name: str) -> Permits:
+        """The caps `set_permits` gave ``name`` (the defaults if it never did)."""
         rows = self._backend.query(queries.PERMITS, {"name": validate.name(name)})
         if not rows:
             return Permits(read=None, write=1)
@@ -249,13 +250,16 @@ class Session:
         ``timeout``: None waits without limit, 0 tries once; `LockTimeout`
         (with ``blockers``) when it runs out. ``on_stale``: "reclaim" takes
         over from a holder whose session died, "refuse" raises
-        `HolderUnresponsive` instead (default: the store's policy).
+        `HolderUnresponsive` instead (default: the store's policy). Also
+        `HeldTooLong` behind a holder older than the store's ``max_hold``,
+        `Deadlock` if waiting would close a cycle of sessions, and `LockLost`
+        if this session has lost its locks.
         """
         want = self._want([(name, mode)], timeout, on_stale)
         return self._finish(self._run(want), want, HeldLock)
 
     def try_lock(self, name: str, mode: Mode | str = "write") -> HeldLock | None:
-        """One attempt: the lock, or None if it is busy."""
+        """One attempt: the lock, or None if it is busy (other failures raise as in `lock`)."""
         try:
             return self.lock(name, mode, timeout=0)
         except LockTimeout:
@@ -381,7 +385,7 @@ class Session:
                 self._held[stamp.id] = stamp
             raise
         if self._lost is not None or deleted < len(names):
-            raise self._lost_error(stamp, "before it was released")
+            raise self._lost_error(stamp, " before it was released")
 
     def _check(self, stamp: Stamp) -> None:
         with self._lock:
@@ -396,14 +400,14 @@ class Session:
             self._lose("the database no longer counts this session as live")
             raise self._lost_error(stamp, "")
         if row["held"] < len(stamp.locks):
-            raise self._lost_error(stamp, "(it was broken or taken over)")
+            raise self._lost_error(stamp, " (it was broken or taken over)")
 
     def _lost_error(self, stamp: Stamp, when: str) -> LockLost:
         why = f"; the session was lost: {self._lost}" if self._lost is not None else ""
         first = stamp.locks[0]
         return LockLost(
             f"{describe([(g.name, g.mode) for g in stamp.locks])} (token {first.token}) "
-            f"was no longer held by this session {when}{why}".replace("  ", " "),
+            f"was no longer held by this session{when}{why}",
             name=first.name,
             token=first.token,
         )
@@ -660,10 +664,9 @@ def connect(
     for the disk; see the design note for what a database crash then costs).
     """
     parsed = parse_url(url)
-    hold = validate.seconds(max_hold, "max_hold", none=True, zero=False)
+    hold = validate.max_hold(max_hold)
     validate.on_stale(on_stale)
-    delay = validate.seconds(lock_delay, "lock_delay", none=False)
-    assert delay is not None
+    delay = validate.duration(lock_delay, "lock_delay")
     if durability not in ("durable", "relaxed"):
         raise LockUsageError(f"durability must be 'durable' or 'relaxed', got {durability!r}")
     backend: Backend

@@ -47,23 +47,28 @@ def mode(value: object) -> Mode:
     return parsed
 
 
-def seconds(value: object, what: str, *, none: bool, zero: bool = True) -> float | None:
-    """A duration: a finite number of seconds, >= 0 (> 0 unless ``zero``); None if ``none``."""
-    if value is None and none:
-        return None
+def duration(value: object, what: str, *, zero: bool = True, hint: str = "") -> float:
+    """A finite number of seconds, >= 0 (> 0 unless ``zero``)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        hint = " (or None)" if none else ""
-        raise LockUsageError(f"{what} must be a number of seconds{hint}, got {value!r}")
+        raise LockUsageError(f"{what} must be a number of seconds, got {value!r}{hint}")
     if math.isnan(value) or math.isinf(value) or value < 0 or (value == 0 and not zero):
         wanted = ">= 0" if zero else "> 0"
-        forever = "; use None to wait without limit" if none else ""
-        raise LockUsageError(f"{what} must be finite and {wanted}, got {value!r}{forever}")
+        raise LockUsageError(f"{what} must be finite and {wanted}, got {value!r}{hint}")
     return float(value)
 
 
 def timeout(value: object) -> float | None:
     """None waits forever, 0 tries once."""
-    return seconds(value, "timeout", none=True)
+    if value is None:
+        return None
+    return duration(value, "timeout", hint="; use None to wait without limit")
+
+
+def max_hold(value: object) -> float | None:
+    """None: no limit."""
+    if value is None:
+        return None
+    return duration(value, "max_hold", zero=False, hint="; use None for no limit")
 
 
 def on_stale(value: object) -> bool:

@@ -143,6 +143,7 @@ def acquire_steps(backend: Backend, want: Want) -> Steps[tuple[str, Mapping[str,
                     yield Wait(want.lock_delay, woken=False)
                 return request_id, attempt.tokens
             if attempt.status == "lost":
+                left_rows = queued  # this attempt changed nothing; an earlier one may have queued
                 raise want.lost()
             if attempt.status == "deadlock":
                 left_rows = False  # the attempt removed its own queue entries
