@@ -56,34 +56,33 @@ def store_pair(url: str, n: int, **options: object) -> tuple[float, float, float
 
 
 def pg_floors(dsn: str, n: int) -> dict[str, float]:
+    """What one connection pays for two statements of the kinds a lock pair could be."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TEMP TABLE floor (id int PRIMARY KEY, v int)")
-        conn.execute("INSERT INTO floor VALUES (1, 0)")
 
-        def two_writes(count: int) -> None:
-            for _ in range(count):
-                conn.execute("UPDATE floor SET v = v + 1 WHERE id = 1")
-                conn.execute("UPDATE floor SET v = v + 1 WHERE id = 1")
+        def repeat(*statements: str) -> Callable[[int], None]:
+            def run(count: int) -> None:
+                for _ in range(count):
+                    for statement in statements:
+                        conn.execute(statement)
 
-        def advisory(count: int) -> None:
-            for _ in range(count):
-                conn.execute("SELECT pg_advisory_lock(42)")
-                conn.execute("SELECT pg_advisory_unlock(42)")
+            return run
 
-        # A temp table is not WAL-logged: use a real one for the durable floor.
-        conn.execute("CREATE TABLE IF NOT EXISTS public.lw_bench_floor (id int PRIMARY KEY, v int)")
-        conn.execute("INSERT INTO public.lw_bench_floor VALUES (1, 0) ON CONFLICT DO NOTHING")
-
-        def durable_writes(count: int) -> None:
-            for _ in range(count):
-                conn.execute("UPDATE public.lw_bench_floor SET v = v + 1 WHERE id = 1")
-                conn.execute("UPDATE public.lw_bench_floor SET v = v + 1 WHERE id = 1")
-
+        update = "UPDATE {} SET v = v + 1 WHERE id = 1"
+        conn.execute("CREATE TEMP TABLE floor_temp (id int PRIMARY KEY, v int)")  # no WAL
+        conn.execute("CREATE TABLE public.lw_bench_floor (id int PRIMARY KEY, v int)")
         try:
+            for table in ("floor_temp", "public.lw_bench_floor"):
+                conn.execute(f"INSERT INTO {table} VALUES (1, 0)")
             return {
-                "two durable single-row write transactions": per_op(durable_writes, n),
-                "two unlogged (temp) write transactions": per_op(two_writes, n),
-                "pg_advisory_lock + unlock": per_op(advisory, n),
+                "two durable single-row write transactions": per_op(
+                    repeat(*[update.format("public.lw_bench_floor")] * 2), n
+                ),
+                "two unlogged (temp table) write transactions": per_op(
+                    repeat(*[update.format("floor_temp")] * 2), n
+                ),
+                "pg_advisory_lock + unlock": per_op(
+                    repeat("SELECT pg_advisory_lock(42)", "SELECT pg_advisory_unlock(42)"), n
+                ),
             }
         finally:
             conn.execute("DROP TABLE public.lw_bench_floor")
