@@ -47,10 +47,6 @@ class Stats:
         with self._lock:
             return self._counts.get(key, 0)
 
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._counts)
-
 
 class Pool(Generic[C]):
     """Idle connections kept for reuse; a new one is opened whenever none is idle.
