@@ -44,9 +44,10 @@ MIGRATION_KEY = -2
 def functions(schema: str) -> list[str]:
     """``CREATE FUNCTION`` statements for a schema (part of its migration).
 
-    A PL/pgSQL function pays for every statement and expression it runs
-    (each is set up afresh in each transaction), so the common path is kept
-    to a few set-based statements over all the request's names.
+    A PL/pgSQL function pays for every statement it runs, so the common
+    path is short: lock the names, read the state, insert the grant (or, for
+    a release, delete it). Both run with generic plans and without bitmap
+    scans (design note, "Cost").
     """
     d = queries.plpgsql(schema)
     key = lock_key(schema)
