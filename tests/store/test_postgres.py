@@ -24,7 +24,10 @@ def store(pg_url: str) -> Iterator[Store]:
 
 
 def backend_pid(query_like: str, waiting: bool = True) -> int:
-    """The server pid of the store connection running a statement like ``query_like``."""
+    """The server pid of the store connection running a statement like ``query_like``.
+
+    Name the test's schema in the pattern: other test runs may be busy beside this one.
+    """
     found: list[int] = []
 
     def look() -> bool:
@@ -84,12 +87,12 @@ def test_notifications_use_a_channel_named_after_the_schema(store: Store, pg_sch
         assert payloads == ["chan"]
 
 
-def test_waiters_recover_when_the_listener_connection_dies(store: Store) -> None:
+def test_waiters_recover_when_the_listener_connection_dies(store: Store, pg_schema: str) -> None:
     with store.session(app_id="h") as h, store.session(app_id="w") as w:
         held = h.lock("relisten")
         waiting = Background(lambda: w.lock("relisten", timeout=20))
         wait_for(lambda: store.waiters("relisten"), what="the waiter to queue")
-        terminate(backend_pid("LISTEN%", waiting=False))
+        terminate(backend_pid(f"LISTEN lockwarden_{pg_schema}%", waiting=False))
         wait_for(lambda: store.stats["listener_reconnects"] >= 1, what="the listener to notice")
         time.sleep(0.3)
         held.release()
@@ -106,7 +109,7 @@ def test_connection_killed_mid_acquire_grants_once(store: Store, pg_schema: str)
             (key, plpgsql.BUCKETS - 1),
         )
         waiting = Background(lambda: s.lock("mid", timeout=20))
-        terminate(backend_pid("%lw_acquire%"))
+        terminate(backend_pid(f"%{pg_schema}.lw_acquire%"))
         wait_for(lambda: store.stats["retries"] >= 1, what="the client to retry")
         blocker.execute("COMMIT")
         lock = waiting.result()
@@ -128,7 +131,7 @@ def test_connection_killed_mid_heartbeat_keeps_the_session(pg_url: str, pg_schem
             blocker.execute(
                 f"SELECT * FROM {pg_schema}.lw_sessions WHERE id = %s FOR UPDATE", (s.id,)
             )
-            terminate(backend_pid("%UPDATE%lw_sessions%heartbeat_at%"))
+            terminate(backend_pid(f"%UPDATE {pg_schema}.lw_sessions%heartbeat_at%"))
             wait_for(lambda: store.stats["retries"] >= 1, what="the heartbeat to retry")
             blocker.execute("COMMIT")
         time.sleep(1.5)  # more heartbeats go through
