@@ -21,6 +21,7 @@ from lockwarden.errors import (
 )
 from lockwarden.local import LockManager
 from lockwarden.modes import Mode
+from lockwarden.store import connect
 
 __version__ = "0.1.0"
 
@@ -38,4 +39,5 @@ __all__ = [
     "NotHeld",
     "StoreError",
     "__version__",
+    "connect",
 ]

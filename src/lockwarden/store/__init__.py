@@ -1,0 +1,33 @@
+"""The shared lock store (DESIGN part D): locks shared by processes and hosts
+through SQLite or PostgreSQL, with the database as the only coordinator.
+
+Start with `lockwarden.connect`; the design note (README.md beside this file)
+explains the tables, the algorithm and why it is safe.
+"""
+
+from lockwarden.store.fence import Fence
+from lockwarden.store.session import (
+    Granted,
+    HeldLock,
+    Session,
+    SharedLock,
+    Stamp,
+    Store,
+    connect,
+)
+from lockwarden.store.status import Cleaned, LockEntry, Permits, WaiterEntry
+
+__all__ = [
+    "Cleaned",
+    "Fence",
+    "Granted",
+    "HeldLock",
+    "LockEntry",
+    "Permits",
+    "Session",
+    "SharedLock",
+    "Stamp",
+    "Store",
+    "WaiterEntry",
+    "connect",
+]

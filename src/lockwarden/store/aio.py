@@ -1,0 +1,91 @@
+"""The asyncio form of the store's waits (D14).
+
+The waiting loop is `waiting.acquire_steps`, the same generator the threaded
+form runs; here its database calls run in worker threads and its waits
+suspend the task. A cancelled task leaves nothing behind: a database call in
+flight is allowed to finish (it cannot be taken back), then the loop's own
+clean-up removes whatever the request had stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Generator
+from types import TracebackType
+from typing import Any, TypeVar
+
+from lockwarden.store.waiting import Call, Driver, Steps
+from lockwarden.store.wakeups import AsyncSubscription
+
+T = TypeVar("T")
+
+
+async def run_async(steps: Steps[T], sub: AsyncSubscription) -> T:
+    """Drive ``steps`` on the running event loop."""
+    driver = Driver(steps)
+    while (step := driver.next_step()) is not None:
+        try:
+            if isinstance(step, Call):
+                driver.outcome(await _in_thread(step.fn))
+            elif step.woken:
+                await sub.wait_async(step.seconds)
+            else:
+                await asyncio.sleep(step.seconds or 0.0)
+        except BaseException as exc:  # a cancellation too: the generator cleans up
+            driver.outcome(error=exc)
+    return driver.result
+
+
+async def _in_thread(fn: Callable[[], T]) -> T:
+    future = asyncio.get_running_loop().run_in_executor(None, fn)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        # Let the call finish so that the clean-up step runs after it, not
+        # beside it; a second cancellation does not cut this short.
+        while not future.done():
+            try:
+                await asyncio.shield(future)
+            except asyncio.CancelledError:
+                continue
+            except Exception:
+                break
+        raise
+
+
+class AsyncAcquire(Coroutine[Any, Any, T]):
+    """``await`` it for the lock, or use it as ``async with``, which also releases.
+
+    It is a coroutine, so ``asyncio.create_task`` takes it too.
+    """
+
+    def __init__(self, acquire: Coroutine[Any, Any, T], release: Callable[[T], None]) -> None:
+        self._acquire = acquire
+        self._release = release
+        self._held: T | None = None
+
+    def send(self, value: Any) -> Any:
+        return self._acquire.send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._acquire.throw(*args)
+
+    def close(self) -> None:
+        self._acquire.close()
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._acquire.__await__()
+
+    async def __aenter__(self) -> T:
+        self._held = await self._acquire
+        return self._held
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            await asyncio.to_thread(self._release, held)

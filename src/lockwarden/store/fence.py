@@ -1,0 +1,71 @@
+"""Fences: the check that makes fencing tokens protect something (D7).
+
+A lock alone cannot stop a holder that was paused past its lease from
+writing after the next holder started. A fence can: it lives beside the
+protected resource (here, in the store's database), remembers the highest
+token it has admitted, and atomically refuses an older one. Its value slot
+makes it a fenced register: ``read(token)`` admits the token and returns
+the value, ``write(token, value)`` stores a value under a token at least as
+new as any seen, so a read-modify-write under a lock is safe even against a
+holder that lost the lock without knowing.
+"""
+
+from __future__ import annotations
+
+from lockwarden.errors import LockLost, LockUsageError
+from lockwarden.store import queries, validate
+from lockwarden.store.backend import Backend
+
+
+class Fence:
+    """The fence of one protected resource. Get one from `Store.fence`."""
+
+    def __init__(self, backend: Backend, resource: str) -> None:
+        self._backend = backend
+        self.resource = validate.name(resource, "fence resource")
+
+    def admit(self, token: int) -> None:
+        """Record ``token`` as seen; raise `LockLost` if a newer one was seen before."""
+        self._advance(token, None, write=False)
+
+    def read(self, token: int) -> str | None:
+        """Admit ``token`` and return the stored value (None if never written).
+
+        Admitting on read matters: once a newer holder has read, an older
+        holder's write is refused, so the newer holder's update is never lost.
+        """
+        return self._advance(token, None, write=False)
+
+    def write(self, token: int, value: str | None) -> None:
+        """Store ``value`` under ``token``, or raise `LockLost` if a newer token was seen."""
+        if value is not None and not isinstance(value, str):
+            raise LockUsageError(f"a fence holds text (or None), got {type(value).__name__}")
+        self._advance(token, value, write=True)
+
+    def state(self) -> tuple[int, str | None]:
+        """The highest token admitted (0 if none) and the value, without admitting anything."""
+        rows = self._backend.query(queries.FENCE_READ, {"resource": self.resource})
+        return (rows[0]["token"], rows[0]["value"]) if rows else (0, None)
+
+    def _advance(self, token: int, value: str | None, *, write: bool) -> str | None:
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise LockUsageError(f"a fencing token is an integer >= 0, got {token!r}")
+        rows = self._backend.query(
+            queries.FENCE_ADVANCE,
+            {"resource": self.resource, "token": token, "value": value, "write": write},
+            write=True,
+        )
+        if not rows:
+            seen = self.state()[0]
+            raise LockLost(
+                f"fence {self.resource!r} has already admitted token {seen}, newer than "
+                f"{token}: the lock behind token {token} was taken over, so this "
+                f"{'write' if write else 'access'} is refused",
+                name=self.resource,
+                token=token,
+            )
+        value_now: str | None = rows[0]["value"]
+        return value_now
+
+    def __repr__(self) -> str:
+        return f"Fence({self.resource!r})"

@@ -1,0 +1,377 @@
+"""SQL text shared by both backends.
+
+Every statement here runs unchanged on SQLite and on PostgreSQL (as a plain
+statement, or embedded in the PL/pgSQL functions of `plpgsql`). A statement
+is written once, with holes that `Dialect.render` fills:
+
+- ``{p}``: the table prefix (``schema.`` on PostgreSQL, nothing on SQLite);
+- ``{now}``: the database clock in seconds since the epoch (design note:
+  no client clock value is ever written or compared);
+- ``{started}``: when the database server started (microseconds), so that a
+  restart can be noticed; a constant on SQLite, which has no server;
+- ``{in_names}``, ``{items}``: membership in the request's names, and its
+  (name, mode) pairs as a subquery, over the bound lists ``:names`` and
+  ``:modes`` (an array on PostgreSQL, JSON text on SQLite), so that one
+  statement serves a whole multi-lock;
+- ``{token}``: the next fencing token (a sequence on PostgreSQL; on SQLite a
+  counter reserved beforehand, numbered by ``row_number()``);
+- ``:name``: a bound parameter (``%(name)s`` for psycopg, the variable
+  ``_name`` inside PL/pgSQL). Every name and value travels this way.
+
+Sessions are always aliased ``s`` so that `LIVE`, the liveness predicate of
+the design note, is one piece of text used by every statement that judges a
+session.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from functools import cache
+from typing import Final
+
+LIVE: Final = "(NOT s.expired AND s.heartbeat_at + s.ttl > {now})"
+"""A session is live iff it is not marked expired and its heartbeat is younger than its TTL."""
+
+_PARAM = re.compile(r"(?<![:\w]):([a-z_]+)")
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How shared SQL text becomes runnable text for one target."""
+
+    prefix: str
+    now: str
+    started: str
+    in_names: str
+    items: str
+    token: str
+    param: str
+    """A format string for a bound parameter, given its name."""
+
+    @cache  # noqa: B019  (a handful of dialects live for the whole process)
+    def render(self, sql: str) -> str:
+        text = sql.format(
+            p=self.prefix,
+            now=self.now,
+            started=self.started,
+            in_names=self.in_names,
+            items=self.items,
+            token=self.token.format(p=self.prefix),
+        )
+        if self.param.startswith("%("):
+            text = text.replace("%", "%%")  # psycopg: a literal % must be doubled
+        return _PARAM.sub(lambda m: self.param.format(m.group(1)), text)
+
+
+SQLITE: Final = Dialect(
+    prefix="",
+    now="((julianday('now') - 2440587.5) * 86400.0)",
+    started="0",
+    in_names="IN (SELECT value FROM json_each(:names))",
+    items=(
+        "SELECT n.value AS name, m.value AS mode"
+        " FROM json_each(:names) AS n JOIN json_each(:modes) AS m ON m.key = n.key"
+    ),
+    token=":first_token + row_number() OVER () - 1",
+    param=":{}",
+)
+
+
+def postgres(schema: str) -> Dialect:
+    """Plain statements sent by psycopg."""
+    return Dialect(
+        prefix=f"{schema}.",
+        now="date_part('epoch', clock_timestamp())",
+        started="CAST(date_part('epoch', pg_postmaster_start_time()) * 1000000 AS BIGINT)",
+        # Not IN (SELECT unnest(...)): as a generic plan that costs 30 times more.
+        in_names="= ANY(CAST(:names AS text[]))",
+        items=(
+            "SELECT * FROM unnest(CAST(:names AS text[]), CAST(:modes AS text[])) AS i(name, mode)"
+        ),
+        token="nextval('{p}lw_token_seq')",
+        param="%({})s",
+    )
+
+
+def plpgsql(schema: str) -> Dialect:
+    """Statements inside PL/pgSQL: parameters are variables, the clock is read once."""
+    return replace(postgres(schema), now="_now", param="_{}")
+
+
+# -- sessions ---------------------------------------------------------------
+
+OPEN_SESSION: Final = """
+INSERT INTO {p}lw_sessions (id, app_id, host, pid, ttl, started_at, heartbeat_at, expired)
+VALUES (:session, :app_id, :host, :pid, :ttl, {now}, {now}, FALSE)
+RETURNING {started} AS started
+"""
+
+HEARTBEAT: Final = f"""
+UPDATE {{p}}lw_sessions AS s SET heartbeat_at = {{now}}
+WHERE s.id = :session AND {LIVE}
+RETURNING {{started}} AS started
+"""
+"""The one statement a session sends per interval, however many locks it holds (D2)."""
+
+EXPIRE_STALE: Final = f"""
+UPDATE {{p}}lw_sessions AS s SET expired = TRUE WHERE NOT s.expired AND NOT {LIVE}
+"""
+"""Mark every stale session expired: the compare-and-swap that must precede removing its rows.
+
+A heartbeat in flight either committed first (the session is live again and
+is left alone) or finds the session expired (its locks are lost).
+"""
+
+# -- acquire (the algorithm of the design note; `sqlite` and `plpgsql` run it) --
+
+ACQUIRE_STATE: Final = f"""
+SELECT (SELECT {LIVE} FROM {{p}}lw_sessions AS s WHERE s.id = :session) AS live,
+       (SELECT min(seq) FROM {{p}}lw_waiters WHERE request_id = :request) AS seq,
+       EXISTS (SELECT 1 FROM {{p}}lw_holders WHERE name {{in_names}}
+               AND request_id = :request AND session_id = :session) AS granted,
+       NOT EXISTS (SELECT 1 FROM {{p}}lw_holders WHERE name {{in_names}})
+       AND NOT EXISTS (SELECT 1 FROM {{p}}lw_waiters WHERE name {{in_names}}) AS idle,
+       (SELECT value FROM {{p}}lw_meta WHERE key = 'started') AS started,
+       {{started}} AS started_now
+"""
+"""Our session's liveness, our queue position if an earlier attempt enqueued,
+whether an earlier attempt of this very request was already granted (D5),
+whether nobody holds or waits for any of the names (then nothing can be in
+the way: the common, uncontended case skips `IN_THE_WAY`), and whether the
+server restarted since the last grant (design note, "Durability")."""
+
+GRANTED: Final = """
+SELECT name, token FROM {p}lw_holders
+WHERE name {in_names} AND request_id = :request AND session_id = :session
+"""
+
+IN_THE_WAY: Final = f"""
+WITH other AS (
+    SELECT 'holder' AS kind, h.mode, h.granted_at AS since, NULL AS expires_at,
+           s.id AS session_id, s.app_id, s.host, s.pid, s.heartbeat_at, s.ttl, s.expired,
+           {LIVE} AS live
+    FROM {{p}}lw_holders AS h JOIN {{p}}lw_sessions AS s ON s.id = h.session_id
+    WHERE h.name = :name
+    UNION ALL
+    SELECT 'waiter', w.mode, w.enqueued_at, w.expires_at,
+           s.id, s.app_id, s.host, s.pid, s.heartbeat_at, s.ttl, s.expired,
+           {LIVE} AND (w.expires_at IS NULL OR w.expires_at > {{now}})
+    FROM {{p}}lw_waiters AS w JOIN {{p}}lw_sessions AS s ON s.id = w.session_id
+    WHERE w.name = :name AND w.request_id <> :request AND (:seq IS NULL OR w.seq < :seq)
+),
+counted AS (
+    SELECT mode FROM other WHERE live OR (kind = 'holder' AND :refuse)
+)
+SELECT :name AS name, kind, mode, since, expires_at, session_id, app_id, host, pid,
+       heartbeat_at, ttl, expired, live, {{now}} AS now
+FROM other
+WHERE (kind = 'holder' AND NOT live AND NOT :refuse)
+   OR ((live OR (kind = 'holder' AND :refuse))
+       AND (mode <> :mode
+            OR (SELECT count(*) FROM counted WHERE counted.mode = :mode)
+               >= CASE :mode
+                  WHEN 'X' THEN coalesce(
+                      (SELECT write_permits FROM {{p}}lw_permits WHERE name = :name), 1)
+                  ELSE (SELECT read_permits FROM {{p}}lw_permits WHERE name = :name)
+                  END))
+"""
+"""Everything in the way of a request for (:name, :mode), one row each.
+
+A holder or a waiter ahead of us (lower seq; all of them if we are not
+queued yet: no barging) is in the way if it counts and either holds the
+other mode, or our mode is at its permit cap counting it. Live rows count;
+with the "refuse" policy dead holders count too (they are never overridden).
+With "reclaim", dead holders are returned as well, flagged not live: the
+caller must reclaim them (`RECLAIM_EXPIRE`, `RECLAIM_DELETE`) and ask again.
+One name at a time, on purpose: with the name a constant, the plan is an
+index lookup whatever the planner believes about the tables.
+"""
+
+RECLAIM_EXPIRE: Final = f"""
+UPDATE {{p}}lw_sessions AS s SET expired = TRUE
+WHERE s.id IN (SELECT session_id FROM {{p}}lw_holders WHERE name {{in_names}})
+  AND NOT s.expired AND NOT {LIVE}
+"""
+
+RECLAIM_DELETE: Final = """
+DELETE FROM {p}lw_holders AS h
+WHERE h.name {in_names}
+  AND NOT EXISTS (SELECT 1 FROM {p}lw_sessions AS s WHERE s.id = h.session_id AND NOT s.expired)
+RETURNING name
+"""
+"""Remove the rows of expired (or vanished) sessions on the request's names. Only rows whose
+session is already *marked* expired go: judging staleness alone would race a
+heartbeat in flight (see `EXPIRE_STALE`)."""
+
+INSERT_HOLDERS: Final = """
+INSERT INTO {p}lw_holders (request_id, name, mode, session_id, token, granted_at)
+SELECT :request, name, mode, :session, {token}, {now} FROM ({items}) AS i
+RETURNING name, token
+"""
+
+INSERT_WAITERS: Final = """
+INSERT INTO {p}lw_waiters (request_id, name, mode, session_id, seq, enqueued_at, expires_at)
+SELECT :request, name, mode, :session, :seq, {now}, {now} + :wait FROM ({items}) AS i
+"""
+
+DEQUEUE: Final = """
+DELETE FROM {p}lw_waiters WHERE request_id = :request AND session_id = :session
+"""
+
+HOLDS_ANY: Final = """
+SELECT EXISTS (SELECT 1 FROM {p}lw_holders WHERE session_id = :session) AS holds
+"""
+
+DEADLOCK_EDGES: Final = f"""
+WITH RECURSIVE
+waiting AS (
+    SELECT w.name, w.mode, w.session_id, w.seq
+    FROM {{p}}lw_waiters AS w JOIN {{p}}lw_sessions AS s ON s.id = w.session_id
+    WHERE {LIVE} AND (w.expires_at IS NULL OR w.expires_at > {{now}})
+),
+node AS (
+    SELECT name, mode, session_id, seq FROM waiting
+    UNION ALL
+    SELECT h.name, h.mode, h.session_id, -1
+    FROM {{p}}lw_holders AS h JOIN {{p}}lw_sessions AS s ON s.id = h.session_id
+    WHERE {LIVE} AND h.name IN (SELECT name FROM waiting)
+),
+edge AS (
+    SELECT DISTINCT w.session_id AS src, x.session_id AS dst
+    FROM waiting AS w
+    JOIN node AS x ON x.name = w.name AND x.seq < w.seq AND x.session_id <> w.session_id
+    LEFT JOIN {{p}}lw_permits AS pm ON pm.name = w.name
+    WHERE x.mode <> w.mode
+       OR CASE w.mode WHEN 'X' THEN coalesce(pm.write_permits, 1) ELSE pm.read_permits END = 1
+),
+reach(sid) AS (
+    SELECT dst FROM edge WHERE src = :session
+    UNION
+    SELECT edge.dst FROM edge JOIN reach ON edge.src = reach.sid
+)
+SELECT src, dst FROM edge
+WHERE EXISTS (SELECT 1 FROM reach WHERE sid = :session)
+  AND (src = :session OR src IN (SELECT sid FROM reach))
+"""
+"""The waits-for graph stored in the tables (D13), as edges between sessions.
+
+A waiter waits for every live holder, and every live waiter ahead of it, on
+the same name whose mode excludes its own: a different mode, or the same
+mode capped at one permit. (A same-mode holder under a cap above one is not
+an edge: any one of them leaving would do, so a cycle through it need not be
+a deadlock.) Returns the edges reachable from :session if :session is on a
+cycle, and nothing otherwise.
+"""
+
+# -- release ----------------------------------------------------------------
+
+RELEASE: Final = """
+DELETE FROM {p}lw_holders
+WHERE name {in_names} AND request_id = :request AND session_id = :session
+RETURNING name
+"""
+"""Release a stamp. Holder rows never change once granted (a reclaim or break
+deletes them and a new grant inserts a new row under a new request id), so
+deleting by our request id deletes only rows still carrying our tokens (D9)."""
+
+# -- reads ------------------------------------------------------------------
+
+CHECK: Final = f"""
+SELECT (SELECT {LIVE} FROM {{p}}lw_sessions AS s WHERE s.id = :session) AS live,
+       (SELECT count(*) FROM {{p}}lw_holders
+        WHERE name {{in_names}} AND request_id = :request AND session_id = :session) AS held
+"""
+"""Whether our session is live, and how many rows of a stamp are still ours (D7's check)."""
+
+LOCKS: Final = f"""
+SELECT h.name, h.mode, h.token, s.id AS session_id, s.app_id, s.host, s.pid,
+       h.granted_at AS since, s.heartbeat_at, {{now}} AS now, NOT {LIVE} AS stale
+FROM {{p}}lw_holders AS h JOIN {{p}}lw_sessions AS s ON s.id = h.session_id
+WHERE h.name = coalesce(:name, h.name)
+ORDER BY h.name, h.token
+"""
+
+WAITERS: Final = f"""
+SELECT w.name, w.mode, s.id AS session_id, s.app_id, s.host, s.pid,
+       {{now}} - w.enqueued_at AS waited_for, w.expires_at - {{now}} AS expires_in,
+       NOT ({LIVE} AND (w.expires_at IS NULL OR w.expires_at > {{now}})) AS stale
+FROM {{p}}lw_waiters AS w JOIN {{p}}lw_sessions AS s ON s.id = w.session_id
+WHERE w.name = coalesce(:name, w.name)
+ORDER BY w.name, w.seq
+"""
+
+PERMITS: Final = """
+SELECT read_permits, write_permits FROM {p}lw_permits WHERE name = :name
+"""
+
+FENCE_READ: Final = """
+SELECT token, value FROM {p}lw_fences WHERE resource = :resource
+"""
+
+FENCE_ADVANCE: Final = """
+INSERT INTO {p}lw_fences AS f (resource, token, value, updated_at)
+VALUES (:resource, :token, :value, {now})
+ON CONFLICT (resource) DO UPDATE
+SET token = excluded.token,
+    value = CASE WHEN :write THEN excluded.value ELSE f.value END,
+    updated_at = excluded.updated_at
+WHERE f.token <= excluded.token
+RETURNING token, value
+"""
+"""Admit a token at a fence, and with :write store a value, in one atomic step (D7).
+
+No row comes back when the fence has already seen a larger token.
+"""
+
+# -- changes that may let waiters in --------------------------------------------
+#
+# Each is a list of statements returning a ``name`` column: the lock names
+# whose waiters must be woken (NULL where a statement touches no name).
+# PostgreSQL runs a list as one statement that also notifies those names;
+# SQLite runs it in one transaction and wakes its own waiters.
+
+CLOSE_SESSION: Final = (
+    "DELETE FROM {p}lw_holders WHERE session_id = :session RETURNING name",
+    "DELETE FROM {p}lw_waiters WHERE session_id = :session RETURNING name",
+    "DELETE FROM {p}lw_sessions WHERE id = :session RETURNING CAST(NULL AS TEXT) AS name",
+)
+
+EXPIRE_SESSION: Final = (
+    "UPDATE {p}lw_sessions SET expired = TRUE WHERE id = :session"
+    " RETURNING CAST(NULL AS TEXT) AS name",
+    "SELECT name FROM {p}lw_holders WHERE session_id = :session",
+)
+
+RELEASE_ALL: Final = (
+    "DELETE FROM {p}lw_holders WHERE session_id IN"
+    " (SELECT id FROM {p}lw_sessions WHERE app_id = :app_id) RETURNING name",
+    "DELETE FROM {p}lw_waiters WHERE session_id IN"
+    " (SELECT id FROM {p}lw_sessions WHERE app_id = :app_id) RETURNING name",
+    "UPDATE {p}lw_sessions SET expired = TRUE WHERE app_id = :app_id AND NOT expired"
+    " RETURNING CAST(NULL AS TEXT) AS name",
+)
+"""Seed 004's releaseAllLocks: every lock and wait of an application's sessions goes,
+and those sessions are expired so that any still running learn it (on_lost)."""
+
+BREAK_LOCK: Final = ("DELETE FROM {p}lw_holders WHERE name = :name RETURNING name",)
+
+CLEAN: Final = (
+    "DELETE FROM {p}lw_holders AS h WHERE NOT EXISTS (SELECT 1 FROM {p}lw_sessions AS s"
+    " WHERE s.id = h.session_id AND NOT s.expired) RETURNING name",
+    "DELETE FROM {p}lw_waiters AS w WHERE w.expires_at <= {now}"
+    " OR NOT EXISTS (SELECT 1 FROM {p}lw_sessions AS s"
+    " WHERE s.id = w.session_id AND NOT s.expired) RETURNING name",
+    "DELETE FROM {p}lw_sessions WHERE expired RETURNING CAST(NULL AS TEXT) AS name",
+)
+"""Remove what is dead, after `EXPIRE_STALE` has marked it: expired sessions with
+their locks and waits, and waits past their deadline."""
+
+SET_PERMITS: Final = (
+    "INSERT INTO {p}lw_permits (name, read_permits, write_permits)"
+    " VALUES (:name, :read, :write) ON CONFLICT (name) DO UPDATE"
+    " SET read_permits = excluded.read_permits, write_permits = excluded.write_permits"
+    " RETURNING name",
+)
+
+RESET_PERMITS: Final = ("DELETE FROM {p}lw_permits WHERE name = :name RETURNING name",)

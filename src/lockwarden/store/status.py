@@ -1,0 +1,75 @@
+"""What the store reports about itself: locks, waiters, permits, clean-up counts.
+
+Ages are seconds by the database clock; "stale" means the holder's session
+is no longer live (design note, "The liveness predicate").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lockwarden.errors import Holder
+from lockwarden.modes import Mode
+
+
+def holder_of(row: Mapping[str, Any]) -> Holder:
+    """The holder described by a row with session columns, ``since`` and the database's ``now``."""
+    return Holder(
+        session_id=row["session_id"],
+        app_id=row["app_id"],
+        host=row["host"],
+        pid=row["pid"],
+        held_for=row["now"] - row["since"],
+        heartbeat_age=row["now"] - row["heartbeat_at"],
+    )
+
+
+@dataclass(frozen=True)
+class LockEntry:
+    """One granted lock (a read lock has one entry per reader)."""
+
+    name: str
+    mode: Mode
+    token: int
+    holder: Holder
+    """Session, app, host, pid, how long held, heartbeat age."""
+    stale: bool
+    """The holder's session is not live: the next waiter will reclaim it (or, under
+    the "refuse" policy, report it)."""
+
+
+@dataclass(frozen=True)
+class WaiterEntry:
+    """One queued request for one name, in queue order within the name."""
+
+    name: str
+    mode: Mode
+    session_id: str
+    app_id: str
+    host: str
+    pid: int
+    waited_for: float
+    expires_in: float | None
+    """Seconds until the waiter gives up (None: it waits without limit)."""
+    stale: bool
+    """The waiter's session is not live, or its deadline passed: it no longer counts."""
+
+
+@dataclass(frozen=True)
+class Permits:
+    """How many holders each mode of a name admits at once (D4)."""
+
+    read: int | None
+    """None: readers are not limited."""
+    write: int
+
+
+@dataclass(frozen=True)
+class Cleaned:
+    """What `Store.clean` removed."""
+
+    sessions: int
+    holders: int
+    waiters: int

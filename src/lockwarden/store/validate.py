@@ -1,0 +1,106 @@
+"""Checks on everything a caller hands the store, done before anything is stored.
+
+Each failure is a `LockUsageError` (a ValueError) that says what was wrong
+and what would be right; the database has not been touched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from lockwarden.errors import LockUsageError
+from lockwarden.modes import Mode
+
+MAX_NAME_BYTES = 512
+"""Lock names and fence resources are non-empty text of at most this many UTF-8 bytes (D3)."""
+
+ON_STALE = ("reclaim", "refuse")
+
+
+def name(value: object, what: str = "lock name") -> str:
+    if not isinstance(value, str):
+        raise LockUsageError(f"{what} must be a string, got {type(value).__name__} {value!r}")
+    if not value:
+        raise LockUsageError(f"{what} must not be empty")
+    if "\x00" in value:
+        raise LockUsageError(
+            f"{what} {value[:40]!r} contains a NUL character (no database stores one)"
+        )
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise LockUsageError(f"{what} {value[:40]!r} is not valid Unicode: {exc.reason}") from None
+    if size > MAX_NAME_BYTES:
+        raise LockUsageError(
+            f"{what} {value[:40]!r}... is {size} bytes of UTF-8; the limit is {MAX_NAME_BYTES}"
+        )
+    return value
+
+
+def mode(value: object) -> Mode:
+    parsed = Mode.parse(value)  # type: ignore[arg-type]  # parse reports anything else
+    if parsed not in (Mode.S, Mode.X):
+        raise LockUsageError(
+            f"the shared store has 'read' and 'write' locks (Mode.S and Mode.X), not {parsed.value}"
+        )
+    return parsed
+
+
+def duration(value: object, what: str, *, zero: bool = True, hint: str = "") -> float:
+    """A finite number of seconds, >= 0 (> 0 unless ``zero``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise LockUsageError(f"{what} must be a number of seconds, got {value!r}{hint}")
+    if math.isnan(value) or math.isinf(value) or value < 0 or (value == 0 and not zero):
+        wanted = ">= 0" if zero else "> 0"
+        raise LockUsageError(f"{what} must be finite and {wanted}, got {value!r}{hint}")
+    return float(value)
+
+
+def timeout(value: object) -> float | None:
+    """None waits forever, 0 tries once."""
+    if value is None:
+        return None
+    return duration(value, "timeout", hint="; use None to wait without limit")
+
+
+def max_hold(value: object) -> float | None:
+    """None: no limit."""
+    if value is None:
+        return None
+    return duration(value, "max_hold", zero=False, hint="; use None for no limit")
+
+
+def on_stale(value: object) -> bool:
+    """Returns whether the policy is "refuse"."""
+    if value not in ON_STALE:
+        raise LockUsageError(f"on_stale must be 'reclaim' or 'refuse', got {value!r}")
+    return value == "refuse"
+
+
+def permits(value: object, what: str, *, none: bool) -> int | None:
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        unlimited = " or None for no limit" if none else ""
+        raise LockUsageError(f"{what} permits must be an integer >= 1{unlimited}, got {value!r}")
+    return value
+
+
+def items(value: object) -> tuple[tuple[str, Mode], ...]:
+    """The (name, mode) pairs of a multi-lock: at least one, each name once."""
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise LockUsageError(f"expected a list of (name, mode) pairs, got {value!r}")
+    checked: list[tuple[str, Mode]] = []
+    for item in value:
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise LockUsageError(f"each item must be a (name, mode) pair, got {item!r}")
+        checked.append((name(item[0]), mode(item[1])))
+    if not checked:
+        raise LockUsageError("a multi-lock needs at least one (name, mode) pair")
+    seen: set[str] = set()
+    for lock_name, _ in checked:
+        if lock_name in seen:
+            raise LockUsageError(f"lock name {lock_name!r} appears twice in one multi-lock")
+        seen.add(lock_name)
+    return tuple(checked)

@@ -1,0 +1,179 @@
+"""Fixtures for the store's tests: a real SQLite file and the real PostgreSQL.
+
+Every PostgreSQL test gets a schema of its own (``lw_test_<random>``),
+dropped afterwards, so test runs never see each other's locks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import lockwarden
+from lockwarden.store import Session, Store
+
+PG = os.environ.get("LOCKWARDEN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+CHILD = Path(__file__).with_name("child.py")
+
+
+def pg_admin() -> psycopg.Connection[Any]:
+    return psycopg.connect(PG, autocommit=True)
+
+
+@pytest.fixture
+def pg_schema() -> Iterator[str]:
+    schema = f"lw_test_{secrets.token_hex(4)}"
+    yield schema
+    with pg_admin() as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.fixture
+def pg_url(pg_schema: str) -> str:
+    return f"{PG}?schema={pg_schema}"
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'locks.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest) -> str:
+    """The URL of a fresh, empty store on each backend."""
+    name = "sqlite_url" if request.param == "sqlite" else "pg_url"
+    value: str = request.getfixturevalue(name)
+    return value
+
+
+@pytest.fixture
+def connect(url: str) -> Iterator[Callable[..., Store]]:
+    """Open stores on the test's URL; all are closed at the end."""
+    stores: list[Store] = []
+
+    def open_store(**options: Any) -> Store:
+        store = lockwarden.connect(url, **options)
+        stores.append(store)
+        return store
+
+    yield open_store
+    for store in stores:
+        store.close()
+
+
+@pytest.fixture
+def store(connect: Callable[..., Store]) -> Store:
+    return connect()
+
+
+def stop_heartbeat(session: Session) -> None:
+    """Make a session go silent, as if its process froze (its locks go stale after the TTL)."""
+    session._store._heartbeat.remove(session)
+
+
+def resume_heartbeat(session: Session) -> None:
+    """Let a silenced session's heartbeat thread run again, as if its process thawed."""
+    session._store._heartbeat.add(session)
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or predicate}")
+        time.sleep(0.01)
+
+
+class Background(threading.Thread):
+    """Run a call in a thread; ``result()`` returns its value or raises its exception."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        super().__init__(daemon=True)
+        self._fn = fn
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._value = self._fn()
+        except BaseException as exc:
+            self._error = exc
+
+    def result(self, timeout: float = 30.0) -> Any:
+        self.join(timeout)
+        if self.is_alive():
+            raise AssertionError("background call did not finish")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class Child:
+    """A separate Python process running ``child.py``, talking JSON lines."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(CHILD), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        self.pid = self.proc.pid
+        self._lines: list[str] = []
+        self._cond = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._cond:
+                self._lines.append(line)
+                self._cond.notify_all()
+
+    def expect(self, timeout: float = 30.0) -> dict[str, Any]:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._lines, timeout):
+                raise AssertionError(f"child {self.pid} said nothing for {timeout} s")
+            message: dict[str, Any] = json.loads(self._lines.pop(0))
+            return message
+
+    def send(self, command: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.expect()
+
+    def finish(self, timeout: float = 60.0) -> int:
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def children() -> Iterator[Callable[..., Child]]:
+    started: list[Child] = []
+
+    def spawn(*args: str, env: dict[str, str] | None = None) -> Child:
+        child = Child(*args, env=env)
+        started.append(child)
+        return child
+
+    yield spawn
+    for child in started:
+        child.kill()

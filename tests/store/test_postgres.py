@@ -1,0 +1,222 @@
+"""Only on PostgreSQL: NOTIFY wake-ups, dropped connections, round trips, relaxed durability."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import lockwarden
+from lockwarden import StoreError
+from lockwarden.store import Store, plpgsql
+
+from .conftest import Background, pg_admin, wait_for
+
+
+@pytest.fixture
+def store(pg_url: str) -> Iterator[Store]:
+    s = lockwarden.connect(pg_url)
+    yield s
+    s.close()
+
+
+def backend_pid(query_like: str, waiting: bool = True) -> int:
+    """The server pid of the store connection running a statement like ``query_like``.
+
+    Name the test's schema in the pattern: other test runs may be busy beside this one.
+    """
+    found: list[int] = []
+
+    def look() -> bool:
+        with pg_admin() as conn:
+            rows = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'lockwarden'"
+                " AND query LIKE %s AND (NOT %s OR wait_event_type = 'Lock')",
+                (query_like, waiting),
+            ).fetchall()
+        found[:] = [row[0] for row in rows]
+        return len(found) == 1
+
+    wait_for(look, what=f"a backend running {query_like}")
+    return found[0]
+
+
+def terminate(pid: int) -> None:
+    with pg_admin() as conn:
+        assert conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
+
+
+def test_acquire_and_release_are_one_round_trip_each(store: Store) -> None:
+    with store.session(app_id="rt") as s:
+        s.lock("warm").release()  # the first use of a connection prepares nothing we count
+        before = store.stats["statements"]
+        lock = s.lock("rt")
+        assert store.stats["statements"] - before == 1
+        before = store.stats["statements"]
+        lock.release()
+        assert store.stats["statements"] - before == 1
+
+
+def test_a_release_wakes_the_waiter_without_polling(store: Store) -> None:
+    with store.session(app_id="h", ttl=30) as h, store.session(app_id="w", ttl=30) as w:
+        held = h.lock("push")
+        before = store.stats["attempts"]
+        waiting = Background(lambda: w.lock("push", timeout=20))
+        wait_for(lambda: store.waiters("push"), what="the waiter to queue")
+        time.sleep(1.0)  # a polling waiter would try again meanwhile
+        assert store.stats["attempts"] - before == 1
+        released = time.monotonic()
+        held.release()
+        waiting.result()
+        assert time.monotonic() - released < 0.5
+        assert store.stats["attempts"] - before == 2  # the queued attempt and the granted one
+
+
+def test_notifications_use_a_channel_named_after_the_schema(store: Store, pg_schema: str) -> None:
+    with pg_admin() as listener, store.session(app_id="a") as a, store.session(app_id="b") as b:
+        listener.execute(f"LISTEN lockwarden_{pg_schema}")
+        held = a.lock("chan")
+        waiting = Background(lambda: b.lock("chan", timeout=10))
+        wait_for(lambda: store.waiters("chan"), what="the waiter to queue")
+        held.release()
+        waiting.result()
+        payloads = [n.payload for n in listener.notifies(timeout=1.0, stop_after=1)]
+        assert payloads == ["chan"]
+
+
+def test_waiters_recover_when_the_listener_connection_dies(store: Store, pg_schema: str) -> None:
+    with store.session(app_id="h") as h, store.session(app_id="w") as w:
+        held = h.lock("relisten")
+        waiting = Background(lambda: w.lock("relisten", timeout=20))
+        wait_for(lambda: store.waiters("relisten"), what="the waiter to queue")
+        terminate(backend_pid(f"LISTEN lockwarden_{pg_schema}%", waiting=False))
+        wait_for(lambda: store.stats["listener_reconnects"] >= 1, what="the listener to notice")
+        time.sleep(0.3)
+        held.release()
+        waiting.result(timeout=5)
+
+
+def test_connection_killed_mid_acquire_grants_once(store: Store, pg_schema: str) -> None:
+    key = plpgsql.lock_key(pg_schema)
+    with pg_admin() as blocker, store.session(app_id="a") as s:
+        # Hold the name's advisory lock so the acquire stops inside its function.
+        blocker.execute("BEGIN")
+        blocker.execute(
+            "SELECT pg_advisory_xact_lock(%s, (hashtextextended('mid', 0) & %s)::integer)",
+            (key, plpgsql.BUCKETS - 1),
+        )
+        waiting = Background(lambda: s.lock("mid", timeout=20))
+        terminate(backend_pid(f"%{pg_schema}.lw_acquire%"))
+        wait_for(lambda: store.stats["retries"] >= 1, what="the client to retry")
+        blocker.execute("COMMIT")
+        lock = waiting.result()
+        [entry] = store.locks("mid")
+        assert entry.token == lock.token
+        assert store.waiters() == []
+        lock.release()
+        assert store.locks() == []
+
+
+def test_connection_killed_mid_heartbeat_keeps_the_session(pg_url: str, pg_schema: str) -> None:
+    store = lockwarden.connect(pg_url)
+    try:
+        lost: list[Any] = []
+        s = store.session(app_id="a", ttl=3.0, on_lost=lost.append)
+        lock = s.lock("hb")
+        with pg_admin() as blocker:
+            blocker.execute("BEGIN")
+            blocker.execute(
+                f"SELECT * FROM {pg_schema}.lw_sessions WHERE id = %s FOR UPDATE", (s.id,)
+            )
+            terminate(backend_pid(f"%UPDATE {pg_schema}.lw_sessions%heartbeat_at%"))
+            wait_for(lambda: store.stats["retries"] >= 1, what="the heartbeat to retry")
+            blocker.execute("COMMIT")
+        time.sleep(1.5)  # more heartbeats go through
+        lock.check()
+        assert not lost and not s.lost
+    finally:
+        store.close()
+
+
+def test_an_unreachable_database_is_one_clear_error() -> None:
+    url = "postgresql://postgres:secret@127.0.0.1:1/test?schema=lw_nowhere"
+    with pytest.raises(StoreError) as caught:
+        lockwarden.connect(url)
+    message = str(caught.value)
+    assert "postgresql://postgres@127.0.0.1:1/test" in message
+    assert "secret" not in message
+    assert "refused" in message.lower() or "connect" in message.lower()
+
+
+def test_without_psycopg_the_error_says_what_to_install(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    with pytest.raises(StoreError, match=r"pip install 'lockwarden\[postgres\]'"):
+        lockwarden.connect(pg_url)
+
+
+def test_a_multi_lock_of_thousands_of_names(store: Store) -> None:
+    names = [f"bulk/{i}" for i in range(3000)]
+    with store.session(app_id="bulk") as s:
+        stamp = s.lock_many([(n, "write") for n in names], timeout=5)
+        assert len(store.locks()) == 3000
+        stamp.release()
+        assert store.locks() == []
+
+
+def test_relaxed_durability_keeps_tokens_monotonic_across_a_restart(
+    pg_url: str, pg_schema: str
+) -> None:
+    store = lockwarden.connect(pg_url, durability="relaxed")
+    try:
+        with store.session(app_id="r") as s:
+            before = [s.lock(f"e{i}").token for i in range(3)]
+            with pg_admin() as conn:  # what a crash may do: the sequence goes back...
+                conn.execute(f"SELECT setval('{pg_schema}.lw_token_seq', 1)")
+                # ...and this is how the server tells it restarted
+                conn.execute(f"UPDATE {pg_schema}.lw_meta SET value = 0 WHERE key = 'started'")
+            after = s.lock("e-after").token
+            assert after > max(before)
+            assert after >> 40 == 1  # tokens moved on to the next range
+            assert s.lock("e-again").token > after  # once
+    finally:
+        store.close()
+
+
+def test_relaxed_sessions_are_lost_when_the_server_restarted(pg_url: str) -> None:
+    store = lockwarden.connect(pg_url, durability="relaxed")
+    try:
+        lost: list[Any] = []
+        s = store.session(app_id="r", ttl=0.6, on_lost=lost.append)
+        s.lock("restart")
+        s._started = -1.0  # as if the server had started since this session opened
+        wait_for(lambda: lost, what="on_lost")
+        with store.session(app_id="next") as t:
+            t.lock("restart", timeout=1)  # the lost session's lock no longer counts
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(("durability", "setting"), [("relaxed", "off"), ("durable", "on")])
+def test_only_relaxed_lock_transactions_skip_the_flush(
+    pg_url: str, pg_schema: str, durability: str, setting: str
+) -> None:
+    store = lockwarden.connect(pg_url, durability=durability)
+    try:
+        with store.session(app_id="r") as s, pg_admin() as conn:
+            conn.execute("BEGIN")
+            found = conn.execute(
+                f"SELECT {pg_schema}.lw_acquire(%s, 'req', ARRAY['x'], ARRAY['X'],"
+                " false, false, NULL, %s)",
+                (s.id, store._backend.relaxed),
+            ).fetchone()
+            assert found is not None and found[0]["status"] == "granted"
+            assert conn.execute("SHOW synchronous_commit").fetchone() == (setting,)
+            conn.execute("ROLLBACK")
+            assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+    finally:
+        store.close()

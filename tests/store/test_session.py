@@ -1,0 +1,425 @@
+"""Behaviour of sessions and their locks, on both backends (same tests, one fixture)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+import lockwarden
+from lockwarden import (
+    Deadlock,
+    HeldTooLong,
+    HolderUnresponsive,
+    LockLost,
+    LockTimeout,
+    LockUsageError,
+    Mode,
+    NotHeld,
+)
+from lockwarden.store import HeldLock, Stamp, Store
+from lockwarden.store.backend import AcquireRequest
+
+from .conftest import Background, resume_heartbeat, stop_heartbeat, wait_for
+
+
+def test_lock_release_and_tokens_grow(store: Store) -> None:
+    with store.session(app_id="t") as s:
+        tokens = []
+        for _ in range(3):
+            with s.lock("reports/nightly", mode="write", timeout=5.0) as lk:
+                assert isinstance(lk, HeldLock)
+                assert (lk.name, lk.mode) == ("reports/nightly", Mode.X)
+                lk.check()
+                [entry] = store.locks()
+                assert (entry.name, entry.mode, entry.token) == (lk.name, Mode.X, lk.token)
+                assert entry.holder.session_id == s.id and entry.holder.app_id == "t"
+                assert not entry.stale
+                tokens.append(lk.token)
+        assert tokens == sorted(tokens) and len(set(tokens)) == 3
+        assert store.locks() == []
+
+
+def test_writers_exclude_readers_share(store: Store) -> None:
+    with store.session(app_id="a") as a, store.session(app_id="b") as b:
+        r1 = a.lock("doc", "read", timeout=1)
+        r2 = b.lock("doc", "read", timeout=1)
+        assert a.try_lock("doc", "write") is None
+        r1.release()
+        r2.release()
+        w = a.lock("doc", "write", timeout=1)
+        assert b.try_lock("doc", "read") is None
+        assert b.try_lock("doc", "write") is None
+        w.release()
+        assert b.try_lock("doc", "read") is not None
+
+
+def test_try_lock_failure_reports_blockers(store: Store) -> None:
+    with store.session(app_id="holder") as a, store.session(app_id="other") as b:
+        held = a.lock("x")
+        with pytest.raises(LockTimeout) as caught:
+            b.lock("x", timeout=0)
+        assert caught.value.resource == "x"
+        [blocker] = caught.value.blockers
+        assert isinstance(blocker, lockwarden.Holder)
+        assert (blocker.session_id, blocker.app_id) == (a.id, "holder")
+        assert "app 'holder'" in str(caught.value)
+        started = time.monotonic()
+        with pytest.raises(LockTimeout, match=r"not granted within 0\.3 s"):
+            b.lock("x", timeout=0.3)
+        assert 0.3 <= time.monotonic() - started < 2
+        assert store.waiters() == []  # the timed-out waiter left nothing
+        held.release()
+
+
+def test_permits_cap_each_mode(store: Store) -> None:
+    store.set_permits("pool", read=2, write=2)
+    assert store.permits("pool") == lockwarden.store.Permits(read=2, write=2)
+    sessions = [store.session(app_id=f"s{i}") for i in range(3)]
+    r = [s.try_lock("pool", "read") for s in sessions]
+    assert [x is not None for x in r] == [True, True, False]
+    assert sessions[2].try_lock("pool", "write") is None  # readers and writers exclude
+    for x in r[:2]:
+        assert x is not None
+        x.release()
+    w = [s.try_lock("pool", "write") for s in sessions]
+    assert [x is not None for x in w] == [True, True, False]
+    assert sessions[2].try_lock("pool", "read") is None
+    store.set_permits("pool")  # back to the defaults
+    assert store.permits("pool") == lockwarden.store.Permits(read=None, write=1)
+    for s in sessions:
+        s.close()
+
+
+def test_permit_change_reaches_a_waiting_client(connect: Callable[..., Store]) -> None:
+    admin, client = connect(), connect()
+    admin.set_permits("ws1", read=1)
+    with client.session(app_id="c1") as c1, client.session(app_id="c2") as c2:
+        c1.lock("ws1", "read")
+        waiter = Background(lambda: c2.lock("ws1", "read", timeout=10))
+        wait_for(lambda: admin.waiters("ws1"), what="the waiter to queue")
+        started = time.monotonic()
+        admin.set_permits("ws1", read=2)
+        waiter.result()
+        assert time.monotonic() - started < 10
+
+
+def test_a_reader_does_not_pass_a_waiting_writer(store: Store) -> None:
+    r1, w, r2 = (store.session(app_id=app) for app in ("r1", "w", "r2"))
+    first = r1.lock("doc", "read")
+    writer = Background(lambda: w.lock("doc", "write", timeout=10))
+    wait_for(lambda: store.waiters("doc"), what="the writer to queue")
+    assert r2.try_lock("doc", "read") is None  # no barging past the writer
+    first.release()
+    writer.result().release()
+    assert r2.try_lock("doc", "read") is not None
+
+
+def test_fifo_order(store: Store) -> None:
+    holder = store.session(app_id="holder")
+    first = holder.lock("q")
+    order: list[int] = []
+    waiters = []
+    for i in range(4):
+        session = store.session(app_id=f"w{i}")
+
+        def take(session: lockwarden.store.Session = session, i: int = i) -> None:
+            with session.lock("q", timeout=20):
+                order.append(i)
+                time.sleep(0.02)
+
+        waiters.append(Background(take))
+        wait_for(lambda i=i: len(store.waiters("q")) == i + 1, what=f"waiter {i} to queue")
+    assert [w.app_id for w in store.waiters("q")] == ["w0", "w1", "w2", "w3"]
+    first.release()
+    for waiter in waiters:
+        waiter.result()
+    assert order == [0, 1, 2, 3]
+
+
+def test_multi_lock_is_all_or_nothing(store: Store) -> None:
+    with store.session(app_id="a") as a, store.session(app_id="b") as b:
+        held = a.lock("ws2", "write")
+        assert b.try_lock_many([("ws1", "write"), ("ws2", "read")]) is None
+        assert store.locks("ws1") == []  # nothing was half granted
+        with pytest.raises(LockTimeout):
+            b.lock_many([("ws1", "write"), ("ws2", "read")], timeout=0.2)
+        assert store.locks("ws1") == [] and store.waiters() == []
+        held.release()
+        stamp = b.try_lock_many([("ws1", "write"), ("ws2", "read")])
+        assert isinstance(stamp, Stamp) and not isinstance(stamp, HeldLock)
+        assert set(stamp.tokens) == {"ws1", "ws2"}
+        assert {(e.name, e.mode) for e in store.locks()} == {("ws1", Mode.X), ("ws2", Mode.S)}
+        stamp.check()
+        b.release(stamp)
+        assert store.locks() == []
+        with pytest.raises(NotHeld):
+            b.release(stamp)
+
+
+def test_multi_lock_waits_for_all(store: Store) -> None:
+    with store.session(app_id="a") as a, store.session(app_id="b") as b:
+        one, two = a.lock("m1"), a.lock("m2")
+        waiter = Background(lambda: b.lock_many([("m1", "write"), ("m2", "write")], timeout=10))
+        wait_for(lambda: len(store.waiters()) == 2, what="both queue entries")
+        one.release()
+        time.sleep(0.1)
+        assert {e.name for e in store.locks()} == {"m2"}  # still nothing granted to b
+        two.release()
+        stamp = waiter.result()
+        assert {e.name for e in store.locks()} == {"m1", "m2"}
+        stamp.release()
+
+
+def test_release_rules(connect: Callable[..., Store]) -> None:
+    store = connect()
+    with store.session(app_id="a") as a, store.session(app_id="b") as b:
+        stamp = a.lock_many([("r1", "write")])
+        with pytest.raises(NotHeld, match="another session"):
+            b.release(stamp)
+        assert len(store.locks()) == 1  # untouched
+        a.release(stamp)
+        with pytest.raises(NotHeld, match="already released"):
+            a.release(stamp)
+        with pytest.raises(NotHeld):
+            stamp.check()
+
+
+def test_close_releases_everything(store: Store) -> None:
+    s = store.session(app_id="a")
+    s.lock("c1")
+    s.lock_many([("c2", "read"), ("c3", "write")])
+    assert len(store.locks()) == 3
+    s.close()
+    assert store.locks() == []
+    with pytest.raises(LockUsageError, match="closed"):
+        s.lock("c1")
+
+
+def test_break_lock_fences_off_the_holder(store: Store) -> None:
+    with store.session(app_id="a") as a, store.session(app_id="b") as b:
+        lk = a.lock("brk")
+        assert store.break_lock("brk") == 1
+        with pytest.raises(LockLost):
+            lk.check()
+        again = b.lock("brk", timeout=1)
+        assert again.token > lk.token
+        with pytest.raises(LockLost):
+            lk.release()  # nothing of b's was deleted
+        assert [e.token for e in store.locks("brk")] == [again.token]
+
+
+def test_release_all_by_app(store: Store) -> None:
+    lost: list[LockLost] = []
+    billing = store.session(app_id="billing", ttl=1.0, on_lost=lost.append)
+    other = store.session(app_id="other")
+    billing.lock("b1")
+    billing.lock("b2", "read")
+    other.lock("o1")
+    assert store.release_all(app_id="billing") == 2
+    assert [e.name for e in store.locks()] == ["o1"]
+    wait_for(lambda: lost, what="on_lost")
+    assert billing.lost
+    billing.close()
+    other.close()
+
+
+def test_stale_holder_is_reclaimed_with_a_new_token(store: Store) -> None:
+    dead = store.session(app_id="dead", ttl=0.5)
+    old = dead.lock("job")
+    stop_heartbeat(dead)
+    with store.session(app_id="live") as live:
+        started = time.monotonic()
+        new = live.lock("job", timeout=5)
+        assert time.monotonic() - started < 0.5 + 0.5
+        assert new.token > old.token
+        assert [e.token for e in store.locks("job")] == [new.token]
+        with pytest.raises(LockLost):
+            old.check()
+        with pytest.raises(LockLost):
+            old.release()
+        new.check()  # untouched by the old holder's release
+
+
+def test_refuse_policy_reports_the_holder_and_leaves_the_lock(store: Store) -> None:
+    dead = store.session(app_id="frozen", ttl=0.3)
+    dead.lock("schema")
+    stop_heartbeat(dead)
+    time.sleep(0.4)
+    with store.session(app_id="live") as live:
+        with pytest.raises(HolderUnresponsive) as caught:
+            live.lock("schema", timeout=5, on_stale="refuse")
+        holder = caught.value.holder
+        assert holder is not None and holder.app_id == "frozen"
+        assert str(holder.pid) in str(caught.value) and holder.host in str(caught.value)
+        assert "lockwarden break schema" in str(caught.value)
+        [entry] = store.locks("schema")
+        assert entry.stale and entry.holder.session_id == dead.id
+        assert store.waiters() == []
+
+
+def test_a_waiter_refuses_a_holder_that_dies_while_it_waits(connect: Callable[..., Store]) -> None:
+    store = connect(on_stale="refuse")
+    dead = store.session(app_id="frozen", ttl=0.5)
+    dead.lock("schema")
+    with store.session(app_id="live") as live:
+        waiter = Background(lambda: live.lock("schema", timeout=10))
+        time.sleep(0.2)
+        stop_heartbeat(dead)
+        with pytest.raises(HolderUnresponsive):
+            waiter.result()
+        assert len(store.locks("schema")) == 1
+
+
+def test_max_hold_makes_waiters_fail_fast(connect: Callable[..., Store]) -> None:
+    store = connect(max_hold=0.3)
+    with store.session(app_id="slow") as slow, store.session(app_id="w") as w:
+        slow.lock("long")
+        waiting = Background(lambda: w.lock("long", timeout=10))
+        with pytest.raises(HeldTooLong) as caught:  # fails when the hold passes max_hold
+            waiting.result()
+        assert caught.value.holder is not None and caught.value.holder.app_id == "slow"
+        started = time.monotonic()
+        with pytest.raises(HeldTooLong, match="max_hold"):
+            w.lock("long", timeout=10)
+        assert time.monotonic() - started < 1  # at once, no waiting
+        assert store.waiters() == []
+
+
+def test_crossing_sessions_get_exactly_one_deadlock(store: Store) -> None:
+    a, b = store.session(app_id="a"), store.session(app_id="b")
+    a.lock("L1")
+    b.lock("L2")
+    barrier = threading.Barrier(2)
+
+    def cross(s: lockwarden.store.Session, other: str, mine: str) -> str:
+        barrier.wait()
+        try:
+            got = s.lock(other, timeout=10)
+        except Deadlock as exc:
+            assert set(exc.cycle) == {a.id, b.id}
+            s.release(next(st for st in s.held if st.locks[0].name == mine))
+            return "deadlock"
+        got.release()
+        return "granted"
+
+    ta = Background(lambda: cross(a, "L2", "L1"))
+    tb = Background(lambda: cross(b, "L1", "L2"))
+    assert sorted([ta.result(), tb.result()]) == ["deadlock", "granted"]
+    a.close()
+    b.close()
+
+
+def test_shared_lock_behaves_like_threading_lock(store: Store) -> None:
+    with store.session(app_id="a") as a, store.session(app_id="b") as b:
+        mine, theirs = a.Lock("tl"), b.Lock("tl")
+        assert not mine.locked()
+        assert mine.acquire() is True
+        assert mine.locked() and theirs.locked()
+        assert mine.token is not None
+        assert theirs.acquire(blocking=False) is False
+        assert theirs.acquire(timeout=0.1) is False
+        with pytest.raises(LockUsageError):
+            mine.acquire()  # not reentrant
+        with pytest.raises(ValueError):
+            theirs.acquire(blocking=False, timeout=1)
+        mine.release()
+        with pytest.raises(NotHeld):
+            mine.release()
+        with theirs:
+            assert theirs.locked()
+        assert not mine.locked()
+
+
+def test_clean_removes_dead_sessions(store: Store) -> None:
+    dead = store.session(app_id="dead", ttl=0.3)
+    dead.lock("d1")
+    stop_heartbeat(dead)
+    with store.session(app_id="live") as live:
+        live.lock("d2")
+        time.sleep(0.4)
+        [stale] = [e for e in store.locks() if e.stale]
+        assert stale.name == "d1"
+        cleaned = store.clean()
+        assert (cleaned.sessions, cleaned.holders) == (1, 1)
+        assert [e.name for e in store.locks()] == ["d2"]
+
+
+def test_lost_session_refuses_new_locks(store: Store) -> None:
+    lost: list[LockLost] = []
+    s = store.session(app_id="a", ttl=0.3, on_lost=lost.append)
+    lk = s.lock("z")
+    stop_heartbeat(s)
+    time.sleep(0.35)
+    resume_heartbeat(s)
+    with pytest.raises(LockLost):
+        lk.check()
+    with pytest.raises(LockLost):
+        s.lock("other")
+    wait_for(lambda: lost, what="on_lost")
+    assert len(lost) == 1
+    s.close()
+    assert store.locks() == []
+
+
+def test_a_retried_attempt_is_recognised_not_granted_twice(store: Store) -> None:
+    """What a retry after a dropped connection sends: the same request id, again."""
+    with store.session(app_id="a") as s, store.session(app_id="b") as other:
+        request = AcquireRequest(s.id, "retry-1", ("p", "q"), ("X", "S"), True, False, None)
+        first = store._backend.acquire(request)
+        again = store._backend.acquire(request)
+        assert first.status == again.status == "granted"
+        assert again.tokens == first.tokens
+        assert len(store.locks()) == 2
+        # a retried enqueue keeps its place in the queue
+        queued = AcquireRequest(other.id, "retry-2", ("p",), ("X",), True, False, None)
+        assert store._backend.acquire(queued).status == "blocked"
+        assert store._backend.acquire(queued).status == "blocked"
+        assert [w.session_id for w in store.waiters()] == [other.id]
+
+
+@pytest.mark.slow
+def test_multi_locks_are_never_partly_granted_under_contention(store: Store) -> None:
+    """Workers take random sets of names; a watcher never sees a set half held."""
+    names = ["n1", "n2", "n3", "n4"]
+    stop = threading.Event()
+    current: dict[str, tuple[int, frozenset[str]]] = {}  # session -> (version, names asked)
+    exclusive_ok = []
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        with store.session(app_id=f"w{seed}") as s:
+            version = 0
+            while not stop.is_set():
+                chosen = frozenset(rng.sample(names, rng.randint(1, 3)))
+                version += 1
+                current[s.id] = (version, chosen)
+                try:
+                    stamp = s.lock_many([(n, "write") for n in sorted(chosen)], timeout=2)
+                except LockTimeout:
+                    continue
+                holders = {e.name: e.holder.session_id for e in store.locks()}
+                exclusive_ok.append(all(holders.get(n) == s.id for n in chosen))
+                time.sleep(rng.uniform(0, 0.005))
+                stamp.release()
+
+    workers = [Background(lambda seed=seed: work(seed)) for seed in range(4)]
+    snapshots = 0
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        asked_before = dict(current)
+        held: dict[str, set[str]] = {}
+        for entry in store.locks():
+            held.setdefault(entry.holder.session_id, set()).add(entry.name)
+        asked_after = dict(current)
+        for session_id, got in held.items():
+            if asked_before.get(session_id) == asked_after.get(session_id):
+                assert got == set(asked_after[session_id][1])  # all of the set, or none
+                snapshots += 1
+    stop.set()
+    for worker in workers:
+        worker.result()
+    assert snapshots > 20 and exclusive_ok and all(exclusive_ok)

@@ -1,0 +1,53 @@
+"""Only on SQLite: wake-ups from other processes, and fairness between this store's writers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from lockwarden.store import Store
+
+from .conftest import Background, Child, wait_for
+
+
+@pytest.fixture
+def url(sqlite_url: str) -> str:
+    return sqlite_url
+
+
+@pytest.mark.slow
+def test_a_release_in_another_process_wakes_a_waiter_here(
+    store: Store, url: str, children: Callable[..., Child]
+) -> None:
+    holder = children("holder", url, "xproc", "5")
+    holder.expect()
+    with store.session(app_id="here") as s:
+        waiting = Background(lambda: s.lock("xproc", timeout=10))
+        wait_for(lambda: store.waiters("xproc"), what="the waiter to queue")
+        time.sleep(0.5)  # long enough for the poll to back off to its slowest
+        sent = time.monotonic()
+        assert holder.send("release") == {"released": True}
+        waiting.result()
+        assert time.monotonic() - sent < 0.25  # the poller saw the commit within ~50 ms
+
+
+def test_a_busy_writer_does_not_starve_a_heartbeat(store: Store) -> None:
+    """Back-to-back write transactions in one thread; the heartbeat still gets its turn."""
+    quiet = store.session(app_id="quiet", ttl=0.6)
+    held = quiet.lock("kept")
+    busy = store.session(app_id="busy", ttl=30)
+    stop = time.monotonic() + 1.5
+    done = threading.Event()
+
+    def hammer() -> None:
+        while time.monotonic() < stop:
+            busy.lock_many([(f"busy/{i}", "write") for i in range(300)]).release()
+        done.set()
+
+    Background(hammer).result(timeout=30)
+    assert done.is_set()
+    held.check()  # still live: its beats went through between the busy writer's transactions
+    assert not quiet.lost
