@@ -38,9 +38,11 @@ perf = time.perf_counter
 class Plan:
     """How much of each measure a run does."""
 
-    batch_seconds: float = 0.25
+    batch_seconds: float = 0.1
     """The length a timed batch aims at (its size is calibrated per subject)."""
-    repeat: int = 7
+    repeat: int = 15
+    """Timed batches per figure; the best counts (noise only ever adds time). Many short
+    batches rather than a few long ones: more chances to catch the machine quiet."""
     handoff_rounds: int = 300
     settle: tuple[float, float] = (0.01, 0.03)
     """The holder waits this long (uniformly at random) after the waiter has said it is
@@ -376,11 +378,15 @@ def _throughput_worker(
 # -- flatness ------------------------------------------------------------------------------------
 
 
-def flatness(subject: Lockwarden, plan: Plan) -> dict[str, Any]:
+def flatness(subject: Lockwarden, control: Subject, plan: Plan) -> dict[str, Any]:
     """Acquire (and release) of never-used names with more and more other locks held.
 
     Twice: with the other locks held by another session ("other"), and by the
     measuring session itself ("same"), as a process holding many locks would.
+    ``control`` is the same subject on an empty table elsewhere; its batches
+    alternate with the subject's, so ``ratio`` (acquire with the others held
+    over acquire on the empty table) compares two things measured side by side,
+    however the machine's load drifts while the table fills.
     """
     found: dict[str, Any] = {}
     for holder in ("other", "same"):
@@ -389,16 +395,25 @@ def flatness(subject: Lockwarden, plan: Plan) -> dict[str, Any]:
             t0 = perf()
             subject.fill(level, same_session=holder == "same")
             filled_in = perf() - t0
-            prefix = f"{subject.env.run}/fresh/{holder}/{level}"
+            prefix = f"fresh/{holder}/{level}"
             once = _timed(subject, [f"{prefix}/warm/{i}" for i in range(5)])[0] / 5
+            _timed(control, [f"{prefix}/warm/{i}" for i in range(5)])
             n = max(20, min(plan.flat_ops, round(plan.batch_seconds / once)))
-            best: tuple[float, float, float] | None = None
+            best: dict[str, tuple[float, float, float]] = {}
             for r in range(plan.repeat):
-                result = _timed(subject, [f"{prefix}/{r}/{i}" for i in range(n)])
-                if best is None or result[1] < best[1]:
-                    best = result
-            assert best is not None
-            levels[str(level)] = {**_per_op(best, n), "batch": n, "fill_seconds": filled_in}
+                for which, s in (("filled", subject), ("empty", control)):
+                    result = _timed(s, [f"{prefix}/{r}/{i}" for i in range(n)])
+                    if which not in best or result[1] < best[which][1]:
+                        best[which] = result
+            filled, empty = _per_op(best["filled"], n), _per_op(best["empty"], n)
+            levels[str(level)] = {
+                **filled,
+                "empty_acquire_us": empty["acquire_us"],
+                "empty_release_us": empty["release_us"],
+                "ratio": filled["acquire_us"] / empty["acquire_us"],
+                "batch": n,
+                "fill_seconds": filled_in,
+            }
         subject.unfill()
         found[holder] = levels
     return found

@@ -34,7 +34,7 @@ from typing import Any
 
 import measures
 import report
-from subjects import BY_KEY, POSTGRES, REDIS, SUBJECTS, Env, Subject, make
+from subjects import BY_KEY, POSTGRES, REDIS, SUBJECTS, Env, Lockwarden, Subject, make
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
@@ -92,7 +92,8 @@ def run_env() -> Iterator[Env]:
             import psycopg  # noqa: PLC0415
 
             with psycopg.connect(env.pg_url(), autocommit=True, connect_timeout=5) as conn:
-                conn.execute(f"DROP SCHEMA IF EXISTS {env.schema} CASCADE")
+                for schema in (env.schema, env.control().schema):
+                    conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         with contextlib.suppress(Exception):
             import redis  # noqa: PLC0415
 
@@ -138,12 +139,16 @@ def run(env: Env, plan: measures.Plan, keys: list[str]) -> dict[str, Any]:
     try:
         step("uncontended acquire + release")
         results["uncontended"] = measures.uncontended(subjects, plan)
-        step("flatness")
-        results["flatness"] = {
-            s.key: measures.flatness(s, plan)  # type: ignore[arg-type]
-            for s in subjects
-            if measures.applies("flatness", type(s))
-        }
+        results["flatness"] = {}
+        for subject in subjects:
+            if isinstance(subject, Lockwarden) and measures.applies("flatness", type(subject)):
+                step(f"flatness: {subject.key}")
+                control = make(subject.key, env.control())
+                control.setup()
+                try:
+                    results["flatness"][subject.key] = measures.flatness(subject, control, plan)
+                finally:
+                    control.teardown()
     finally:
         for subject in subjects:
             subject.teardown()

@@ -48,5 +48,5 @@ def test_every_measure_runs_on_sqlite(tmp_path: Path) -> None:
     assert results["handoff"]["lockwarden-sqlite"]["median_ms"] > 0
     assert results["throughput"]["lockwarden-sqlite"]["exclusive"] is True
     for holder in ("other", "same"):
-        assert set(results["flatness"]["lockwarden-sqlite"][holder]) == {"0", "10"}
+        assert results["flatness"]["lockwarden-sqlite"][holder]["10"]["ratio"] > 0
     assert "**lockwarden**" in table
