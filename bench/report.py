@@ -14,10 +14,8 @@ FLAT_BOUND = 1.25
 """Acquire with 100,000 other locks counts as flat within this factor of an empty table's."""
 
 
-def _f(value: float | None, digits: int = 0, unit: str = "") -> str:
-    if value is None:
-        return "-"
-    return f"{value:,.{digits}f}{unit}"
+def _f(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
 
 
 def _ratio(value: float | None) -> str:

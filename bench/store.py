@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import importlib.metadata
 import json
@@ -200,7 +201,7 @@ def meta(env: Env, plan: measures.Plan, up: set[str]) -> dict[str, Any]:
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "load_before": os.getloadavg(),
-        "plan": plan.__dict__,
+        "plan": dataclasses.asdict(plan),
         "lockwarden": lockwarden_version(),
         "postgres": "-",
         "synchronous_commit": "-",
@@ -235,19 +236,13 @@ def lockwarden_version() -> str:
     except ImportError:
         return "store not importable"
     where = Path(lockwarden.__file__).parent
+
+    def git(*args: str) -> str:
+        command = ["git", "-C", str(where), *args]
+        return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+
     try:
-        commit = subprocess.run(
-            ["git", "-C", str(where), "log", "-1", "--format=%h"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(where), "status", "--porcelain", "."],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        commit, dirty = git("log", "-1", "--format=%h"), git("status", "--porcelain", ".")
     except (OSError, subprocess.CalledProcessError):
         return str(where)
     return f"{commit}{' (with uncommitted changes)' if dirty else ''}"

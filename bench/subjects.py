@@ -24,7 +24,7 @@ POSTGRES, REDIS, SQLITE = "PostgreSQL", "Redis", "SQLite"
 BACKENDS = (POSTGRES, REDIS, SQLITE)
 
 HOLD_TIMEOUT = 60.0
-"""Seconds a blocking acquire may wait before a measure counts it as broken."""
+"""lockwarden's acquire timeout: far longer than any wait a working lock makes here."""
 
 
 @dataclass(frozen=True)
