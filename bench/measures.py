@@ -95,7 +95,8 @@ def uncontended(subjects: Sequence[Subject], plan: Plan) -> dict[str, dict[str, 
     names: dict[str, list[str]] = {}
     for subject in subjects:
         name = f"{subject.env.run}/uncontended"
-        once = _timed(subject, [name] * 20)[0] / 20  # warm up, and size the batches
+        _timed(subject, [name] * 20)  # warm up (first calls prepare statements, compile...)
+        once = _timed(subject, [name] * 20)[0] / 20  # then size the batches
         n = max(20, min(50_000, round(plan.batch_seconds / once)))
         names[subject.key] = [name] * n
     best: dict[str, tuple[float, float, float]] = {}
@@ -396,8 +397,9 @@ def flatness(subject: Lockwarden, control: Subject, plan: Plan) -> dict[str, Any
             subject.fill(level, same_session=holder == "same")
             filled_in = perf() - t0
             prefix = f"fresh/{holder}/{level}"
-            once = _timed(subject, [f"{prefix}/warm/{i}" for i in range(5)])[0] / 5
-            _timed(control, [f"{prefix}/warm/{i}" for i in range(5)])
+            for s in (subject, control):
+                _timed(s, [f"{prefix}/warm/{i}" for i in range(5)])
+            once = _timed(subject, [f"{prefix}/size/{i}" for i in range(5)])[0] / 5
             n = max(20, min(plan.flat_ops, round(plan.batch_seconds / once)))
             best: dict[str, tuple[float, float, float]] = {}
             for r in range(plan.repeat):
