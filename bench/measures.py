@@ -379,16 +379,33 @@ def _throughput_worker(
 # -- flatness ------------------------------------------------------------------------------------
 
 
-def flatness(subject: Lockwarden, control: Subject, plan: Plan) -> dict[str, Any]:
+VARIANTS = ("f", "c")
+"""The store locations (`Env.variant`) of the flatness measure: filled, and empty."""
+
+
+def flatness(key: str, env: Env, plan: Plan) -> dict[str, Any]:
     """Acquire (and release) of never-used names with more and more other locks held.
 
     Twice: with the other locks held by another session ("other"), and by the
     measuring session itself ("same"), as a process holding many locks would.
-    ``control`` is the same subject on an empty table elsewhere; its batches
-    alternate with the subject's, so ``ratio`` (acquire with the others held
-    over acquire on the empty table) compares two things measured side by side,
-    however the machine's load drifts while the table fills.
+    The same subject on an empty table elsewhere is timed in alternate batches,
+    so ``ratio`` (acquire with the others held over acquire on the empty table)
+    compares two things measured side by side, however the machine's load
+    drifts while the table fills. Both tables are this measure's own: the
+    other measures never see the rows it leaves behind.
     """
+    subject, control = (make(key, env.variant(v)) for v in VARIANTS)
+    assert isinstance(subject, Lockwarden)
+    subject.setup()
+    control.setup()
+    try:
+        return _flatness(subject, control, plan)
+    finally:
+        subject.teardown()
+        control.teardown()
+
+
+def _flatness(subject: Lockwarden, control: Subject, plan: Plan) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for holder in ("other", "same"):
         levels: dict[str, Any] = {}

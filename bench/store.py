@@ -35,7 +35,7 @@ from typing import Any
 
 import measures
 import report
-from subjects import BY_KEY, POSTGRES, REDIS, SUBJECTS, Env, Lockwarden, Subject, make
+from subjects import BY_KEY, POSTGRES, REDIS, SUBJECTS, Env, Subject, make
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
@@ -93,7 +93,7 @@ def run_env() -> Iterator[Env]:
             import psycopg  # noqa: PLC0415
 
             with psycopg.connect(env.pg_url(), autocommit=True, connect_timeout=5) as conn:
-                for schema in (env.schema, env.control().schema):
+                for schema in (env.schema, *(env.variant(v).schema for v in measures.VARIANTS)):
                     conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         with contextlib.suppress(Exception):
             import redis  # noqa: PLC0415
@@ -140,16 +140,6 @@ def run(env: Env, plan: measures.Plan, keys: list[str]) -> dict[str, Any]:
     try:
         step("uncontended acquire + release")
         results["uncontended"] = measures.uncontended(subjects, plan)
-        results["flatness"] = {}
-        for subject in subjects:
-            if isinstance(subject, Lockwarden) and measures.applies("flatness", type(subject)):
-                step(f"flatness: {subject.key}")
-                control = make(subject.key, env.control())
-                control.setup()
-                try:
-                    results["flatness"][subject.key] = measures.flatness(subject, control, plan)
-                finally:
-                    control.teardown()
     finally:
         for subject in subjects:
             subject.teardown()
@@ -158,7 +148,7 @@ def run(env: Env, plan: measures.Plan, keys: list[str]) -> dict[str, Any]:
     if pg:
         step("round trips")
         results["round_trips"] = measures.round_trips(pg, env, plan)
-    for measure in ("handoff", "throughput"):
+    for measure in ("handoff", "throughput", "flatness"):
         results[measure] = {}
         for key in measured:
             if measures.applies(measure, BY_KEY[key]):

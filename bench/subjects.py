@@ -54,12 +54,12 @@ class Env:
         """The same run, reaching PostgreSQL through another port (the round-trip counter)."""
         return replace(self, pg_port=port)
 
-    def control(self) -> Env:
-        """A second, separate store location of the same run (the flatness measure's
-        empty table): another schema, another directory."""
-        work_dir = os.path.join(self.work_dir, "control")
+    def variant(self, tag: str) -> Env:
+        """Another store location of the same run (another schema, another directory), so
+        that a measure which fills a table leaves the others' tables alone."""
+        work_dir = os.path.join(self.work_dir, tag)
         os.makedirs(work_dir, exist_ok=True)
-        return replace(self, run=f"{self.run}c", work_dir=work_dir)
+        return replace(self, run=f"{self.run}{tag}", work_dir=work_dir)
 
     def file(self, name: str) -> str:
         return os.path.join(self.work_dir, name.replace("/", "_"))
