@@ -17,7 +17,7 @@ sys.path.insert(0, str(BENCH))
 import measures  # noqa: E402
 import report  # noqa: E402
 import store  # noqa: E402
-from subjects import Env, LockwardenSQLite  # noqa: E402
+from subjects import Env, LockwardenSQLite, make  # noqa: E402
 
 TOY = measures.Plan(
     batch_seconds=0.005,
@@ -50,3 +50,18 @@ def test_every_measure_runs_on_sqlite(tmp_path: Path) -> None:
     for holder in ("other", "same"):
         assert results["flatness"]["lockwarden-sqlite"][holder]["10"]["ratio"] > 0
     assert "**lockwarden**" in table
+
+
+def test_lockwarden_statement_counter_is_read(tmp_path: Path) -> None:
+    """The round-trip measure reads the store's own counter beside the wire count."""
+    if LockwardenSQLite.missing() is not None:
+        return
+    subject = make("lockwarden-sqlite", Env(run="smoke", work_dir=str(tmp_path)))
+    subject.setup()
+    try:
+        before = subject.counters()["statements"]
+        subject.acquire("x")
+        subject.release()
+        assert subject.counters()["statements"] > before
+    finally:
+        subject.teardown()
