@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 
@@ -55,7 +57,7 @@ def test_every_measure_runs_on_sqlite(tmp_path: Path) -> None:
 def test_lockwarden_statement_counter_is_read(tmp_path: Path) -> None:
     """The round-trip measure reads the store's own counter beside the wire count."""
     if LockwardenSQLite.missing() is not None:
-        return
+        pytest.skip("the store is not merged yet")
     subject = make("lockwarden-sqlite", Env(run="smoke", work_dir=str(tmp_path)))
     subject.setup()
     try:
