@@ -379,63 +379,67 @@ def _throughput_worker(
 # -- flatness ------------------------------------------------------------------------------------
 
 
-VARIANTS = ("f", "c")
-"""The store locations (`Env.variant`) of the flatness measure: filled, and empty."""
+HOLDERS = ("other", "same")
+VARIANTS = (*HOLDERS, "empty")
+"""The flatness measure's store locations (`Env.variant`): one table filled per kind of
+holder, and an empty one."""
 
 
 def flatness(key: str, env: Env, plan: Plan) -> dict[str, Any]:
     """Acquire (and release) of never-used names with more and more other locks held.
 
-    Twice: with the other locks held by another session ("other"), and by the
-    measuring session itself ("same"), as a process holding many locks would.
-    The same subject on an empty table elsewhere is timed in alternate batches,
-    so ``ratio`` (acquire with the others held over acquire on the empty table)
-    compares two things measured side by side, however the machine's load
-    drifts while the table fills. Both tables are this measure's own: the
-    other measures never see the rows it leaves behind.
+    Twice, each on a table of its own: with the other locks held by another
+    session ("other"), and by the measuring session itself ("same"), as a
+    process holding many locks would. The same subject on an empty table is
+    timed in alternate batches, so ``ratio`` (acquire with the others held
+    over acquire on the empty table) compares two things measured side by
+    side, however the machine's load drifts while the table fills. The other
+    measures never see these tables.
     """
-    subject, control = (make(key, env.variant(v)) for v in VARIANTS)
-    assert isinstance(subject, Lockwarden)
-    subject.setup()
+    control = make(key, env.variant("empty"))
     control.setup()
     try:
-        return _flatness(subject, control, plan)
+        found: dict[str, Any] = {}
+        for holder in HOLDERS:
+            subject = make(key, env.variant(holder))
+            assert isinstance(subject, Lockwarden)
+            subject.setup()
+            try:
+                found[holder] = _levels(subject, control, holder, plan)
+            finally:
+                subject.teardown()
+        return found
     finally:
-        subject.teardown()
         control.teardown()
 
 
-def _flatness(subject: Lockwarden, control: Subject, plan: Plan) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for holder in ("other", "same"):
-        levels: dict[str, Any] = {}
-        for level in plan.flat_levels:
-            t0 = perf()
-            subject.fill(level, same_session=holder == "same")
-            filled_in = perf() - t0
-            prefix = f"fresh/{holder}/{level}"
-            for s in (subject, control):
-                _timed(s, [f"{prefix}/warm/{i}" for i in range(5)])
-            once = _timed(subject, [f"{prefix}/size/{i}" for i in range(5)])[0] / 5
-            n = max(20, min(plan.flat_ops, round(plan.batch_seconds / once)))
-            best: dict[str, tuple[float, float, float]] = {}
-            for r in range(plan.repeat):
-                for which, s in (("filled", subject), ("empty", control)):
-                    result = _timed(s, [f"{prefix}/{r}/{i}" for i in range(n)])
-                    if which not in best or result[1] < best[which][1]:
-                        best[which] = result
-            filled, empty = _per_op(best["filled"], n), _per_op(best["empty"], n)
-            levels[str(level)] = {
-                **filled,
-                "empty_acquire_us": empty["acquire_us"],
-                "empty_release_us": empty["release_us"],
-                "ratio": filled["acquire_us"] / empty["acquire_us"],
-                "batch": n,
-                "fill_seconds": filled_in,
-            }
-        subject.unfill()
-        found[holder] = levels
-    return found
+def _levels(subject: Lockwarden, control: Subject, holder: str, plan: Plan) -> dict[str, Any]:
+    levels: dict[str, Any] = {}
+    for level in plan.flat_levels:
+        t0 = perf()
+        subject.fill(level, same_session=holder == "same")
+        filled_in = perf() - t0
+        prefix = f"fresh/{holder}/{level}"
+        for s in (subject, control):
+            _timed(s, [f"{prefix}/warm/{i}" for i in range(5)])
+        once = _timed(subject, [f"{prefix}/size/{i}" for i in range(5)])[0] / 5
+        n = max(20, min(plan.flat_ops, round(plan.batch_seconds / once)))
+        best: dict[str, tuple[float, float, float]] = {}
+        for r in range(plan.repeat):
+            for which, s in (("filled", subject), ("empty", control)):
+                result = _timed(s, [f"{prefix}/{r}/{i}" for i in range(n)])
+                if which not in best or result[1] < best[which][1]:
+                    best[which] = result
+        filled, empty = _per_op(best["filled"], n), _per_op(best["empty"], n)
+        levels[str(level)] = {
+            **filled,
+            "empty_acquire_us": empty["acquire_us"],
+            "empty_release_us": empty["release_us"],
+            "ratio": filled["acquire_us"] / empty["acquire_us"],
+            "batch": n,
+            "fill_seconds": filled_in,
+        }
+    return levels
 
 
 def applies(measure: str, subject: type[Subject]) -> bool:

@@ -157,7 +157,6 @@ class Lockwarden(Subject):
         self.store = lockwarden.connect(self.url(), durability=self.durability)
         self.session = self.store.session(app_id="bench")
         self._fill_holder: Any = None  # the session holding what `fill` took
-        self._fill_stamps: list[Any] = []
         self._filled = 0
 
     def acquire(self, name: str) -> None:
@@ -182,21 +181,10 @@ class Lockwarden(Subject):
             )
         while self._filled < total:
             upto = min(total, self._filled + self.FILL_CHUNK)
-            stamp = self._fill_holder.try_lock_many(
-                [(f"other/{i}", "write") for i in range(self._filled, upto)]
-            )
-            if stamp is None:
+            items = [(f"other/{i}", "write") for i in range(self._filled, upto)]
+            if self._fill_holder.try_lock_many(items) is None:
                 raise RuntimeError("the fill's locks were busy: is another run using the schema?")
-            self._fill_stamps.append(stamp)
             self._filled = upto
-
-    def unfill(self) -> None:
-        """Release what `fill` took."""
-        for stamp in self._fill_stamps:
-            stamp.release()
-        if self._fill_holder not in (None, self.session):
-            self._fill_holder.close()
-        self._fill_holder, self._fill_stamps, self._filled = None, [], 0
 
 
 class LockwardenPostgres(Lockwarden):
