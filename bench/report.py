@@ -330,7 +330,7 @@ def plot(results: Results, path: Path) -> None:
     ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("other locks held")
-    ax.set_title(f"lockwarden acquire, x the empty table (log; dotted: {FLAT_BOUND}x)")
+    ax.set_title("lockwarden acquire / the empty table's (log)")
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
     meta = results["meta"]
