@@ -89,18 +89,32 @@ def run_env() -> Iterator[Env]:
         yield env
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        with contextlib.suppress(Exception):
-            import psycopg  # noqa: PLC0415
+        clean_servers(env)
 
-            with psycopg.connect(env.pg_url(), autocommit=True, connect_timeout=5) as conn:
-                for schema in (env.schema, *(env.variant(v).schema for v in measures.VARIANTS)):
-                    conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-        with contextlib.suppress(Exception):
-            import redis  # noqa: PLC0415
 
-            client = redis.Redis.from_url(env.redis_url)
-            for key in client.scan_iter(f"*lw-bench:{env.run}:*"):
-                client.delete(key)
+def clean_servers(env: Env) -> None:
+    """Drop the run's schemas and delete its Redis keys; say so if that fails."""
+    schemas = [env.schema, *(env.variant(v).schema for v in measures.VARIANTS)]
+    try:
+        import psycopg  # noqa: PLC0415
+
+        with psycopg.connect(env.pg_url(), autocommit=True, connect_timeout=5) as conn:
+            for schema in schemas:
+                conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    except ImportError:
+        pass  # no PostgreSQL subject ran
+    except Exception as exc:
+        print(f"could not drop the schemas {schemas}: {exc}", file=sys.stderr)
+    try:
+        import redis  # noqa: PLC0415
+
+        client = redis.Redis.from_url(env.redis_url, socket_connect_timeout=3)
+        for key in client.scan_iter(f"*lw-bench:{env.run}:*"):
+            client.delete(key)
+    except ImportError:
+        pass  # no Redis subject ran
+    except Exception as exc:
+        print(f"could not delete the Redis keys lw-bench:{env.run}:*: {exc}", file=sys.stderr)
 
 
 def run(env: Env, plan: measures.Plan, keys: list[str]) -> dict[str, Any]:

@@ -57,11 +57,11 @@ class Env:
     def variant(self, tag: str) -> Env:
         """Another store location of the same run (another schema, another directory), so
         that a measure which fills a table leaves the others' tables alone."""
-        work_dir = os.path.join(self.work_dir, tag)
-        os.makedirs(work_dir, exist_ok=True)
-        return replace(self, run=f"{self.run}{tag}", work_dir=work_dir)
+        return replace(self, run=f"{self.run}{tag}", work_dir=os.path.join(self.work_dir, tag))
 
     def file(self, name: str) -> str:
+        """A file of this run, in its directory (made on first use)."""
+        os.makedirs(self.work_dir, exist_ok=True)
         return os.path.join(self.work_dir, name.replace("/", "_"))
 
 
