@@ -1,0 +1,453 @@
+"""The measures of the store benchmark. Each runs over every subject it applies to.
+
+- `uncontended`: acquire + release of one free lock, best of N batches, the
+  subjects' batches interleaved so that all of them see the same machine.
+- `round_trips`: PostgreSQL round trips per acquire and per release, counted
+  on the wire (`pgwire`), and lockwarden's own statement counters.
+- `handoff`: two processes pass a lock back and forth; the time from the
+  holder's release call to the waiter's acquire returning.
+- `throughput`: 4 processes on one lock for a fixed time.
+- `flatness`: lockwarden's acquire of a fresh name with 0 … 100,000 other
+  locks held in its table.
+
+Times across processes are ``time.perf_counter()``: CLOCK_MONOTONIC on
+Linux, one clock for the whole machine.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import queue
+import random
+import statistics
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from pgwire import Count, RoundTripCounter
+from subjects import POSTGRES, Env, Lockwarden, Subject, make
+
+perf = time.perf_counter
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much of each measure a run does."""
+
+    batch_seconds: float = 0.1
+    """The length a timed batch aims at (its size is calibrated per subject)."""
+    repeat: int = 15
+    """Timed batches per figure; the best counts (noise only ever adds time). Many short
+    batches rather than a few long ones: more chances to catch the machine quiet."""
+    handoff_rounds: int = 300
+    settle: tuple[float, float] = (0.01, 0.03)
+    """The holder waits this long (uniformly at random) after the waiter has said it is
+    about to acquire, so the waiter is blocked by the time of the release; random, so that
+    a release does not fall at the same point of a polling waiter's cycle every time."""
+    throughput_seconds: float = 5.0
+    processes: int = 4
+    flat_levels: tuple[int, ...] = (0, 10_000, 100_000)
+    flat_ops: int = 500
+    """At most this many acquires per timed batch (fewer where each is slow)."""
+    counted_pairs: int = 50
+
+
+QUICK = Plan(
+    batch_seconds=0.03,
+    repeat=3,
+    handoff_rounds=20,
+    throughput_seconds=1.0,
+    flat_levels=(0, 1_000, 10_000),
+    flat_ops=50,
+    counted_pairs=10,
+)
+
+
+def _timed(subject: Subject, names: Sequence[str]) -> tuple[float, float, float]:
+    """Acquire and release each of ``names`` in turn: seconds in all, in acquire, in release."""
+    acquire, release = subject.acquire, subject.release
+    in_acquire = in_release = 0.0
+    for name in names:
+        t0 = perf()
+        acquire(name)
+        t1 = perf()
+        release()
+        t2 = perf()
+        in_acquire += t1 - t0
+        in_release += t2 - t1
+    return in_acquire + in_release, in_acquire, in_release
+
+
+def _per_op(best: tuple[float, float, float], n: int) -> dict[str, float]:
+    total, acq, rel = best
+    return {"pair_us": total / n * 1e6, "acquire_us": acq / n * 1e6, "release_us": rel / n * 1e6}
+
+
+# -- uncontended ----------------------------------------------------------------------------
+
+
+def uncontended(subjects: Sequence[Subject], plan: Plan) -> dict[str, dict[str, float]]:
+    """Best-of-N batches of acquire + release of one free lock, per subject."""
+    names: dict[str, list[str]] = {}
+    for subject in subjects:
+        name = f"{subject.env.run}/uncontended"
+        _timed(subject, [name] * 20)  # warm up (first calls prepare statements, compile...)
+        once = _timed(subject, [name] * 20)[0] / 20  # then size the batches
+        n = max(20, min(50_000, round(plan.batch_seconds / once)))
+        names[subject.key] = [name] * n
+    best: dict[str, tuple[float, float, float]] = {}
+    for _ in range(plan.repeat):
+        for subject in subjects:  # interleaved: every subject sees the same conditions
+            gc.collect()
+            result = _timed(subject, names[subject.key])
+            if subject.key not in best or result[0] < best[subject.key][0]:
+                best[subject.key] = result
+    return {
+        s.key: {**_per_op(best[s.key], len(names[s.key])), "batch": len(names[s.key])}
+        for s in subjects
+    }
+
+
+# -- round trips ---------------------------------------------------------------------------
+
+
+def round_trips(keys: Sequence[str], env: Env, plan: Plan) -> dict[str, dict[str, Any]]:
+    """Round trips per acquire and per release on PostgreSQL, counted on the wire.
+
+    Each subject gets fresh connections through `pgwire.RoundTripCounter`. The
+    median per call is reported (a heartbeat landing inside one call cannot
+    move it) with the mean beside it, and the median time the call's
+    exchanges spent beyond the proxy: at the server, commit included.
+    """
+    results: dict[str, dict[str, Any]] = {}
+    with RoundTripCounter(env.pg_host, env.pg_port) as counter:
+        for key in keys:
+            subject = make(key, env.via(counter.port))
+            subject.setup()
+            try:
+                name = f"{env.run}/counted"
+                _timed(subject, [name] * 10)  # past psycopg's one-off statement preparation
+                own = subject.counters()
+                per_acquire: list[Count] = []
+                per_release: list[Count] = []
+                for _ in range(plan.counted_pairs):
+                    c0 = counter.count()
+                    subject.acquire(name)
+                    c1 = counter.count()
+                    subject.release()
+                    per_acquire.append(c1 - c0)
+                    per_release.append(counter.count() - c1)
+                own_after = subject.counters()
+            finally:
+                subject.teardown()
+            result = {**_summarize("acquire", per_acquire), **_summarize("release", per_release)}
+            if own:
+                statements = own_after.get("statements", 0) - own.get("statements", 0)
+                result["own_statements_per_pair"] = statements / plan.counted_pairs
+            results[key] = result
+    return results
+
+
+def _summarize(call: str, counts: list[Count]) -> dict[str, float]:
+    return {
+        f"{call}_round_trips": statistics.median(c.round_trips for c in counts),
+        f"{call}_round_trips_mean": statistics.fmean(c.round_trips for c in counts),
+        f"{call}_connections": statistics.fmean(c.connections for c in counts),
+        f"{call}_server_us": statistics.median(c.server_seconds for c in counts) * 1e6,
+    }
+
+
+# -- several processes on one lock ------------------------------------------------------------
+
+Worker = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every process of a `together` run gets."""
+
+    worker: Worker
+    key: str
+    env: Env
+    ready: Any  # Queue: each process puts its number once set up
+    go: Any  # Event: set when all are
+    start_at: Any  # Value: the common start time
+    out: Any  # Queue: (number, result, error)
+
+
+def _child(job: _Job, me: int, kwargs: dict[str, Any]) -> None:
+    """A child process: set the subject up, run the worker on it, report what it returned."""
+
+    def start() -> float:
+        """Say this process is ready; return when every process is (the common start time)."""
+        job.ready.put(me)
+        job.go.wait()
+        value: float = job.start_at.value
+        return value
+
+    try:
+        subject = make(job.key, job.env)
+        subject.setup()
+        try:
+            result = job.worker(subject, start, **kwargs)
+        finally:
+            subject.teardown()
+        job.out.put((me, result, None))
+    except BaseException as exc:
+        job.out.put((me, None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def together(
+    key: str, env: Env, worker: Worker, kwargs: Sequence[dict[str, Any]], timeout: float
+) -> list[Any]:
+    """Run ``worker(subject, start, **kwargs[i])`` in one new process per ``kwargs[i]``.
+
+    Each builds its own subject; they are started together once all of them
+    have set up (the worker calls ``start()``). Returns their results in order;
+    raises RuntimeError if one failed or they did not finish within ``timeout``.
+    """
+    ctx = mp.get_context("spawn")  # not fork: the parent has database threads and sockets
+    job = _Job(worker, key, env, ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0), ctx.Queue())
+    procs = [
+        ctx.Process(target=_child, args=(job, me, kw), daemon=True) for me, kw in enumerate(kwargs)
+    ]
+    for proc in procs:
+        proc.start()
+    results: dict[int, Any] = {}
+    try:
+        deadline = perf() + 60.0
+        waiting = len(procs)
+        while waiting:
+            try:
+                job.ready.get(timeout=0.5)
+                waiting -= 1
+            except queue.Empty:
+                _check(job.out, procs, deadline, "set up")
+        job.start_at.value = perf()
+        job.go.set()
+        deadline = perf() + timeout
+        while len(results) < len(procs):
+            me, result, error = _get(job.out, procs, deadline)
+            if error is not None:
+                raise RuntimeError(f"{key}, process {me}: {error}")
+            results[me] = result
+    finally:
+        for proc in procs:
+            proc.join(timeout=5.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    return [results[me] for me in range(len(procs))]
+
+
+def _get(out: Any, procs: list[Any], deadline: float) -> tuple[int, Any, str | None]:
+    while True:
+        try:
+            message: tuple[int, Any, str | None] = out.get(timeout=0.5)
+            return message
+        except queue.Empty:
+            _check(out, procs, deadline, "finish")
+
+
+def _check(out: Any, procs: list[Any], deadline: float, what: str) -> None:
+    """Between waits: fail if time is up or a process died without a word."""
+    if not out.empty():
+        me, _, error = out.get()
+        raise RuntimeError(f"process {me}: {error}")
+    if perf() > deadline:
+        raise RuntimeError(f"the processes did not {what} in time")
+    for proc in procs:
+        if proc.exitcode not in (None, 0):
+            raise RuntimeError(f"a process exited with {proc.exitcode}")
+
+
+# -- handoff ---------------------------------------------------------------------------------
+
+
+def handoff(key: str, env: Env, plan: Plan) -> dict[str, float]:
+    """Median and p99 of release → the waiter holding it, between two processes."""
+    a, b = mp.get_context("spawn").Pipe()
+    rounds, name = plan.handoff_rounds, f"{env.run}/handoff"
+    times = together(
+        key,
+        env,
+        _handoff_player,
+        [
+            {"me": me, "peer": peer, "rounds": rounds, "name": name, "settle": plan.settle}
+            for me, peer in enumerate((a, b))
+        ],
+        timeout=rounds * (plan.settle[1] + 1.0) + 30.0,
+    )
+    # Round i: player i % 2 released at times[i % 2][i], the other held at times[1 - i % 2][i].
+    latency = sorted(times[1 - i % 2][i] - times[i % 2][i] for i in range(rounds))
+    return {
+        "median_ms": statistics.median(latency) * 1e3,
+        "p99_ms": latency[min(rounds - 1, round(0.99 * (rounds - 1)))] * 1e3,
+        "max_ms": latency[-1] * 1e3,
+        "rounds": rounds,
+    }
+
+
+def _handoff_player(
+    subject: Subject,
+    start: Callable[[], float],
+    *,
+    me: int,
+    peer: Connection,
+    rounds: int,
+    name: str,
+    settle: tuple[float, float],
+) -> list[float]:
+    """One of two players; in round i player i % 2 holds the lock and the other waits.
+
+    The waiter tells the holder it is about to acquire; the holder lets it
+    block (`Plan.settle`), notes the time and releases; the waiter notes the
+    time it holds the lock and says so, and only then does the former holder
+    queue up for the next round (so nobody barges in on a polling waiter).
+    """
+    rng = random.Random(me)
+    if me == 0:
+        subject.acquire(name)
+    start()
+    times: list[float] = []
+    for i in range(rounds):
+        if i % 2 == me:
+            assert peer.recv() == "waiting"
+            time.sleep(rng.uniform(*settle))
+            times.append(perf())
+            subject.release()
+            assert peer.recv() == "got"
+        else:
+            peer.send("waiting")
+            subject.acquire(name)
+            times.append(perf())
+            peer.send("got")
+    if rounds % 2 == me:  # the last round's waiter holds the lock
+        subject.release()
+    return times
+
+
+# -- throughput -----------------------------------------------------------------------------
+
+
+def throughput(key: str, env: Env, plan: Plan) -> dict[str, Any]:
+    """Acquisitions per second of ``plan.processes`` processes looping on one lock.
+
+    The critical section increments a counter in shared memory without any
+    lock of its own: if the subject's lock did not exclude, increments would
+    be lost, and ``exclusive`` says whether they all arrived.
+    """
+    counter = mp.get_context("spawn").Value("q", 0, lock=False)
+    name = f"{env.run}/throughput"
+    counts: list[int] = together(
+        key,
+        env,
+        _throughput_worker,
+        [{"name": name, "seconds": plan.throughput_seconds, "counter": counter}] * plan.processes,
+        timeout=plan.throughput_seconds + 120.0,
+    )
+    total = sum(counts)
+    return {
+        "per_second": total / plan.throughput_seconds,
+        "shares": [c / total for c in counts] if total else [],
+        # each process made one more increment, for the acquire that ended its loop
+        "exclusive": counter.value == total + plan.processes,
+        "processes": plan.processes,
+        "seconds": plan.throughput_seconds,
+    }
+
+
+def _throughput_worker(
+    subject: Subject, start: Callable[[], float], *, name: str, seconds: float, counter: Any
+) -> int:
+    deadline = start() + seconds
+    done = 0
+    while True:
+        subject.acquire(name)
+        held_at = perf()
+        counter.value += 1  # the critical section
+        subject.release()
+        if held_at >= deadline:
+            return done
+        done += 1
+
+
+# -- flatness ------------------------------------------------------------------------------------
+
+
+HOLDERS = ("other", "same")
+VARIANTS = (*HOLDERS, "empty")
+"""The flatness measure's store locations (`Env.variant`): one table filled per kind of
+holder, and an empty one."""
+
+
+def flatness(key: str, env: Env, plan: Plan) -> dict[str, Any]:
+    """Acquire (and release) of never-used names with more and more other locks held.
+
+    Twice, each on a table of its own: with the other locks held by another
+    session ("other"), and by the measuring session itself ("same"), as a
+    process holding many locks would. The same subject on an empty table is
+    timed in alternate batches, so ``ratio`` (acquire with the others held
+    over acquire on the empty table) compares two things measured side by
+    side, however the machine's load drifts while the table fills. The other
+    measures never see these tables.
+    """
+    control = make(key, env.variant("empty"))
+    control.setup()
+    try:
+        found: dict[str, Any] = {}
+        for holder in HOLDERS:
+            subject = make(key, env.variant(holder))
+            assert isinstance(subject, Lockwarden)
+            subject.setup()
+            try:
+                found[holder] = _levels(subject, control, holder, plan)
+            finally:
+                subject.teardown()
+        return found
+    finally:
+        control.teardown()
+
+
+def _levels(subject: Lockwarden, control: Subject, holder: str, plan: Plan) -> dict[str, Any]:
+    levels: dict[str, Any] = {}
+    for level in plan.flat_levels:
+        t0 = perf()
+        subject.fill(level, same_session=holder == "same")
+        filled_in = perf() - t0
+        prefix = f"fresh/{holder}/{level}"
+        for s in (subject, control):
+            _timed(s, [f"{prefix}/warm/{i}" for i in range(5)])
+        once = _timed(subject, [f"{prefix}/size/{i}" for i in range(5)])[0] / 5
+        n = max(20, min(plan.flat_ops, round(plan.batch_seconds / once)))
+        best: dict[str, tuple[float, float, float]] = {}
+        for r in range(plan.repeat):
+            for which, s in (("filled", subject), ("empty", control)):
+                result = _timed(s, [f"{prefix}/{r}/{i}" for i in range(n)])
+                if which not in best or result[1] < best[which][1]:
+                    best[which] = result
+        filled, empty = _per_op(best["filled"], n), _per_op(best["empty"], n)
+        levels[str(level)] = {
+            **filled,
+            "empty_acquire_us": empty["acquire_us"],
+            "empty_release_us": empty["release_us"],
+            "ratio": filled["acquire_us"] / empty["acquire_us"],
+            "batch": n,
+            "fill_seconds": filled_in,
+        }
+    return levels
+
+
+def applies(measure: str, subject: type[Subject]) -> bool:
+    """Whether ``measure`` runs over ``subject``."""
+    if measure in ("handoff", "throughput"):
+        return subject.is_lock
+    if measure == "round_trips":
+        return subject.backend == POSTGRES
+    if measure == "flatness":  # one per table: the relaxed subject shares the durable one's
+        return issubclass(subject, Lockwarden) and subject.durability == "durable"
+    return True

@@ -1,0 +1,455 @@
+"""The things the store benchmark compares: lockwarden, its peers and the physical floors.
+
+Every subject is driven the same way (`Subject`): ``setup()``, then
+``acquire(name)`` / ``release()`` as often as a measure wants, then
+``teardown()``. A subject is rebuilt in a child process from its key and the
+run's `Env` (`make`), so the multi-process measures need nothing but
+picklable values. ``config`` is the one line the README shows about how the
+subject is set up: each runs at its library's defaults unless it says
+otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sqlite3
+import warnings
+import zlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+POSTGRES, REDIS, SQLITE = "PostgreSQL", "Redis", "SQLite"
+BACKENDS = (POSTGRES, REDIS, SQLITE)
+
+HOLD_TIMEOUT = 60.0
+"""lockwarden's acquire timeout: far longer than any wait a working lock makes here."""
+
+
+@dataclass(frozen=True)
+class Env:
+    """Where one run keeps its state: every name in it carries the run id."""
+
+    run: str
+    work_dir: str
+    """A directory on disk (not tmpfs) for the SQLite files and lock files."""
+    pg_host: str = "127.0.0.1"
+    pg_port: int = 5432
+    pg_user: str = "postgres"
+    pg_db: str = "test"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+
+    @property
+    def schema(self) -> str:
+        """The throwaway PostgreSQL schema of this run (lockwarden's tables and the floor's)."""
+        return f"lw_bench_{self.run}"
+
+    def pg_url(self, **params: str) -> str:
+        query = "&".join(f"{k}={v}" for k, v in params.items())
+        base = f"postgresql://{self.pg_user}@{self.pg_host}:{self.pg_port}/{self.pg_db}"
+        return f"{base}?{query}" if query else base
+
+    def via(self, port: int) -> Env:
+        """The same run, reaching PostgreSQL through another port (the round-trip counter)."""
+        return replace(self, pg_port=port)
+
+    def variant(self, tag: str) -> Env:
+        """Another store location of the same run (another schema, another directory), so
+        that a measure which fills a table leaves the others' tables alone."""
+        return replace(self, run=f"{self.run}{tag}", work_dir=os.path.join(self.work_dir, tag))
+
+    def file(self, name: str) -> str:
+        """A file of this run, in its directory (made on first use)."""
+        os.makedirs(self.work_dir, exist_ok=True)
+        return os.path.join(self.work_dir, name.replace("/", "_"))
+
+
+class Subject(ABC):
+    key: ClassVar[str]
+    label: ClassVar[str]
+    backend: ClassVar[str]
+    config: ClassVar[str]
+    needs: ClassVar[tuple[str, ...]] = ()
+    """Modules that must be importable (bench extras)."""
+    is_lock: ClassVar[bool] = True
+    """False for a floor that only does the writes a lock must do: it cannot be waited on,
+    so the handoff and throughput measures leave it out."""
+    is_floor: ClassVar[bool] = False
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+
+    @classmethod
+    def missing(cls) -> str | None:
+        """Why this subject cannot run here, or None."""
+        for module in cls.needs:
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                return f"{module} is not importable ({exc}): pip install -e '.[bench]'"
+        return None
+
+    def setup(self) -> None:  # noqa: B027  (most subjects need nothing more than __init__)
+        """Open connections; everything slow that is not part of acquire/release."""
+
+    @abstractmethod
+    def acquire(self, name: str) -> None:
+        """Take the exclusive lock ``name``, waiting as long as it takes."""
+
+    @abstractmethod
+    def release(self) -> None:
+        """Release the lock taken last."""
+
+    def teardown(self) -> None:  # noqa: B027
+        """Close what setup opened."""
+
+    def counters(self) -> dict[str, int]:
+        """The subject's own statement counters, if it keeps any."""
+        return {}
+
+
+class CachedLocks(Subject):
+    """A peer whose locks are objects: one per name, made once (as a program would keep it)."""
+
+    def __init__(self, env: Env) -> None:
+        super().__init__(env)
+        self._locks: dict[str, Any] = {}
+        self._held: Any = None
+
+    @abstractmethod
+    def new_lock(self, name: str) -> Any: ...
+
+    def acquire(self, name: str) -> None:
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = self.new_lock(name)
+        lock.acquire()
+        self._held = lock
+
+    def release(self) -> None:
+        self._held.release()
+
+
+# -- lockwarden ---------------------------------------------------------------------------
+
+
+class Lockwarden(Subject):
+    label = "lockwarden"
+    durability = "durable"
+
+    FILL_CHUNK = 5000
+
+    @classmethod
+    def missing(cls) -> str | None:
+        try:
+            from lockwarden import connect  # noqa: F401, PLC0415
+        except ImportError:
+            return "lockwarden.connect is not importable yet (the store is not merged)"
+        return super().missing()
+
+    @abstractmethod
+    def url(self) -> str: ...
+
+    def setup(self) -> None:
+        import lockwarden  # noqa: PLC0415  (may be missing: see `missing`)
+
+        self.store = lockwarden.connect(self.url(), durability=self.durability)
+        self.session = self.store.session(app_id="bench")
+        self._fill_holder: Any = None  # the session holding what `fill` took
+        self._filled = 0
+
+    def acquire(self, name: str) -> None:
+        self._held = self.session.lock(name, timeout=HOLD_TIMEOUT)
+
+    def release(self) -> None:
+        self._held.release()
+
+    def teardown(self) -> None:
+        self.store.close()
+
+    def counters(self) -> dict[str, int]:
+        return {"statements": self.store.stats["statements"]}
+
+    def fill(self, total: int, *, same_session: bool) -> None:
+        """Hold ``total`` locks in all besides the measured ones (the flatness measure's
+        background): in another session, or in the measuring session itself. They are
+        taken through the public API, in all-or-nothing batches."""
+        if self._fill_holder is None:
+            self._fill_holder = (
+                self.session if same_session else self.store.session(app_id="bench-filler")
+            )
+        while self._filled < total:
+            upto = min(total, self._filled + self.FILL_CHUNK)
+            items = [(f"other/{i}", "write") for i in range(self._filled, upto)]
+            if self._fill_holder.try_lock_many(items) is None:
+                raise RuntimeError("the fill's locks were busy: is another run using the schema?")
+            self._filled = upto
+
+
+class LockwardenPostgres(Lockwarden):
+    key = "lockwarden-pg"
+    backend = POSTGRES
+    needs = ("psycopg",)
+    config = (
+        "`lockwarden.connect(postgresql://…?schema=<run schema>)`, durable (the server's "
+        "`synchronous_commit=on`); one session (TTL 15 s), `s.lock(name, timeout=60)`, "
+        "`held.release()`"
+    )
+
+    def url(self) -> str:
+        return self.env.pg_url(schema=self.env.schema)
+
+
+class LockwardenRelaxed(LockwardenPostgres):
+    key = "lockwarden-pg-relaxed"
+    label = "lockwarden, relaxed"
+    durability = "relaxed"
+    config = (
+        'as above with `durability="relaxed"` (the opt-in of D15: lock transactions '
+        "commit with `synchronous_commit=off`)"
+    )
+
+
+class LockwardenSQLite(Lockwarden):
+    key = "lockwarden-sqlite"
+    backend = SQLITE
+    config = (
+        "`lockwarden.connect(sqlite:///<file>)` on a local ext4 file: WAL, "
+        "`synchronous=FULL`; one session, `s.lock(name, timeout=60)`, `held.release()`"
+    )
+
+    def url(self) -> str:
+        return f"sqlite:///{self.env.file('lockwarden.db')}"
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------
+
+
+class Psycopg(Subject):
+    needs = ("psycopg",)
+
+    def setup(self) -> None:
+        import psycopg  # noqa: PLC0415
+
+        self.conn = psycopg.connect(self.env.pg_url(), autocommit=True)
+
+    def teardown(self) -> None:
+        self.conn.close()
+
+
+class PostgresFloor(Psycopg):
+    key = "pg-floor"
+    label = "floor: 2 write transactions"
+    backend = POSTGRES
+    is_lock = False
+    is_floor = True
+    config = (
+        "psycopg 3, one autocommit connection: `INSERT` a row (name, token) then "
+        "`DELETE` it, each its own durable transaction (one round trip, one WAL flush)"
+    )
+
+    def setup(self) -> None:
+        super().setup()
+        self.table = f"{self.env.schema}.bench_floor"
+        self.conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self.env.schema}")
+        self.conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {self.table} (name text PRIMARY KEY, token bigint)"
+        )
+        self._insert = f"INSERT INTO {self.table} (name, token) VALUES (%s, %s)"
+        self._delete = f"DELETE FROM {self.table} WHERE name = %s"
+        self._token = 0
+
+    def acquire(self, name: str) -> None:
+        self._token += 1
+        self.conn.execute(self._insert, (name, self._token))
+        self._name = name
+
+    def release(self) -> None:
+        self.conn.execute(self._delete, (self._name,))
+
+
+class PostgresAdvisory(Psycopg):
+    key = "pg-advisory"
+    label = "pg_advisory_lock pair"
+    backend = POSTGRES
+    is_floor = True
+    config = (
+        "psycopg 3, one autocommit connection: `SELECT pg_advisory_lock(key)` / "
+        "`pg_advisory_unlock(key)` (session-level, nothing written, no WAL flush)"
+    )
+
+    def acquire(self, name: str) -> None:
+        self._key = zlib.crc32(name.encode())
+        self.conn.execute("SELECT pg_advisory_lock(%s)", (self._key,))
+
+    def release(self) -> None:
+        self.conn.execute("SELECT pg_advisory_unlock(%s)", (self._key,))
+
+
+class Tooz(CachedLocks):
+    key = "tooz-pg"
+    label = "tooz, postgresql driver"
+    backend = POSTGRES
+    needs = ("tooz.drivers.pgsql",)
+    config = (
+        "`tooz.coordination.get_coordinator('postgresql://…')`, `get_lock(name)`, "
+        "`acquire()` / `release()`: by its design each acquire opens a new psycopg2 "
+        "connection and blocks in `pg_advisory_lock`; release unlocks and closes it"
+    )
+
+    def setup(self) -> None:
+        from tooz import coordination  # noqa: PLC0415
+
+        with warnings.catch_warnings():  # "PostgreSQL driver is deprecated"
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.coordinator = coordination.get_coordinator(
+                self.env.pg_url(), f"bench-{os.getpid()}".encode()
+            )
+        self.coordinator.start()
+
+    def new_lock(self, name: str) -> Any:
+        return self.coordinator.get_lock(name.encode())
+
+    def teardown(self) -> None:
+        self.coordinator.stop()
+
+
+# -- Redis --------------------------------------------------------------------------------
+
+
+class Redis(CachedLocks):
+    backend = REDIS
+    needs: ClassVar[tuple[str, ...]] = ("redis",)
+
+    def setup(self) -> None:
+        import redis  # noqa: PLC0415
+
+        self.redis = redis.Redis.from_url(self.env.redis_url)
+        self.redis.ping()
+
+    def teardown(self) -> None:
+        self.redis.close()
+
+    def redis_key(self, name: str) -> str:
+        return f"lw-bench:{self.env.run}:{name}"
+
+
+class RedisPy(Redis):
+    key = "redis-py"
+    label = "redis-py Lock"
+    config = (
+        "`redis.Redis().lock(name, timeout=30)`: `SET NX PX` to acquire, a Lua script to "
+        "release; a waiter polls every 0.1 s (its default `sleep`)"
+    )
+
+    def new_lock(self, name: str) -> Any:
+        return self.redis.lock(self.redis_key(name), timeout=30)
+
+
+class PythonRedisLock(Redis):
+    key = "python-redis-lock"
+    label = "python-redis-lock"
+    needs = ("redis", "redis_lock")
+    config = (
+        "`redis_lock.Lock(redis, name, expire=30)`: `SET NX EX` to acquire, a Lua script "
+        "to release that also pushes a signal; a waiter blocks in `BLPOP` (no polling)"
+    )
+
+    def new_lock(self, name: str) -> Any:
+        import redis_lock  # noqa: PLC0415
+
+        return redis_lock.Lock(self.redis, self.redis_key(name), expire=30)
+
+
+# -- SQLite and local files ---------------------------------------------------------------
+
+
+class SQLiteFloor(Subject):
+    key = "sqlite-floor"
+    label = "floor: 2 write transactions"
+    backend = SQLITE
+    is_lock = False
+    is_floor = True
+    config = (
+        "`sqlite3`, the same kind of file (WAL, `synchronous=FULL`): `INSERT` a row then "
+        "`DELETE` it, each its own write transaction"
+    )
+
+    def setup(self) -> None:
+        self.conn = sqlite3.connect(self.env.file("floor.db"), isolation_level=None)
+        self.conn.execute("PRAGMA journal_mode = WAL")
+        self.conn.execute("PRAGMA synchronous = FULL")
+        self.conn.execute(
+            "CREATE TABLE IF NOT EXISTS floor (name TEXT PRIMARY KEY, token INTEGER NOT NULL)"
+        )
+        self._token = 0
+
+    def acquire(self, name: str) -> None:
+        self._token += 1
+        self.conn.execute("INSERT INTO floor (name, token) VALUES (?, ?)", (name, self._token))
+        self._name = name
+
+    def release(self) -> None:
+        self.conn.execute("DELETE FROM floor WHERE name = ?", (self._name,))
+
+    def teardown(self) -> None:
+        self.conn.close()
+
+
+class FileLock(CachedLocks):
+    key = "filelock"
+    label = "filelock"
+    backend = SQLITE
+    needs = ("filelock",)
+    config = (
+        "`filelock.FileLock(path)` on a local file: `flock`, nothing written; a waiter "
+        "polls every 0.05 s (its default `poll_interval`)"
+    )
+
+    def new_lock(self, name: str) -> Any:
+        import filelock  # noqa: PLC0415
+
+        return filelock.FileLock(self.env.file(name + ".filelock"))
+
+
+class Fasteners(CachedLocks):
+    key = "fasteners"
+    label = "fasteners"
+    backend = SQLITE
+    needs = ("fasteners",)
+    config = (
+        "`fasteners.InterProcessLock(path)` on a local file: `fcntl` lock, nothing "
+        "written; a waiter polls from 0.01 s backing off to 0.1 s (its defaults)"
+    )
+
+    def new_lock(self, name: str) -> Any:
+        import fasteners  # noqa: PLC0415
+
+        return fasteners.InterProcessLock(self.env.file(name + ".fasteners"))
+
+
+SUBJECTS: tuple[type[Subject], ...] = (
+    LockwardenPostgres,
+    LockwardenRelaxed,
+    PostgresFloor,
+    PostgresAdvisory,
+    Tooz,
+    RedisPy,
+    PythonRedisLock,
+    LockwardenSQLite,
+    SQLiteFloor,
+    FileLock,
+    Fasteners,
+)
+BY_KEY = {cls.key: cls for cls in SUBJECTS}
+
+
+def make(key: str, env: Env) -> Subject:
+    """The subject ``key`` of the run ``env`` (in this process or a child)."""
+    return BY_KEY[key](env)
+
+
+def floor_of(backend: str) -> type[Subject] | None:
+    """The floor the subjects of ``backend`` are compared to (the write-transaction pair)."""
+    return next((c for c in SUBJECTS if c.backend == backend and not c.is_lock), None)

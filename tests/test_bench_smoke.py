@@ -1,0 +1,69 @@
+"""The store benchmark's harness, end to end at toy sizes, on what needs no bench extras.
+
+Figures mean nothing here; what is checked is that every measure still runs
+against the store's public API (and the SQLite floor), in this process and in
+child processes, and that the report renders. The real run is
+``python bench/store.py`` (see bench/README.md).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import measures  # noqa: E402
+import report  # noqa: E402
+import store  # noqa: E402
+from subjects import Env, LockwardenSQLite, make  # noqa: E402
+
+TOY = measures.Plan(
+    batch_seconds=0.005,
+    repeat=1,
+    handoff_rounds=4,
+    settle=(0.001, 0.002),
+    throughput_seconds=0.2,
+    processes=2,
+    flat_levels=(0, 10),
+    flat_ops=20,
+    counted_pairs=2,
+)
+
+
+def test_every_measure_runs_on_sqlite(tmp_path: Path) -> None:
+    env = Env(run="smoke", work_dir=str(tmp_path))
+    results = store.run(env, TOY, ["lockwarden-sqlite", "sqlite-floor"])
+    results["meta"]["quick"] = True
+    table = report.markdown(results)
+
+    assert results["uncontended"]["sqlite-floor"]["pair_us"] > 0
+    assert "floor: 2 write transactions" in table
+    if LockwardenSQLite.missing() is not None:  # the store is not merged yet
+        assert "lockwarden-sqlite" in results["skipped"]
+        return
+    assert not results["skipped"]
+    assert results["uncontended"]["lockwarden-sqlite"]["pair_us"] > 0
+    assert results["handoff"]["lockwarden-sqlite"]["median_ms"] > 0
+    assert results["throughput"]["lockwarden-sqlite"]["exclusive"] is True
+    for holder in ("other", "same"):
+        assert results["flatness"]["lockwarden-sqlite"][holder]["10"]["ratio"] > 0
+    assert "**lockwarden**" in table
+
+
+def test_lockwarden_statement_counter_is_read(tmp_path: Path) -> None:
+    """The round-trip measure reads the store's own counter beside the wire count."""
+    if LockwardenSQLite.missing() is not None:
+        pytest.skip("the store is not merged yet")
+    subject = make("lockwarden-sqlite", Env(run="smoke", work_dir=str(tmp_path)))
+    subject.setup()
+    try:
+        before = subject.counters()["statements"]
+        subject.acquire("x")
+        subject.release()
+        assert subject.counters()["statements"] > before
+    finally:
+        subject.teardown()
