@@ -88,7 +88,7 @@ def test_status_shows_holders_and_waiters_in_both_forms(cli: Cli) -> None:
         os.uname().nodename,
         str(holder.run.pid),
     ]
-    assert cells[8:] == ["", "1"]  # not stale, one waiter
+    assert cells[8:] == ["live", "1"]  # not stale, one waiter
     assert str(reader.run.pid) in table.out and str(waiter.pid) in table.out
     assert "STALE" not in table.out
 

@@ -43,7 +43,11 @@ PARSE_ERRORS = [
     ("args", "message"), PARSE_ERRORS, ids=[" ".join(a)[:40] for a, _ in PARSE_ERRORS]
 )
 def test_bad_arguments_exit_64(offline: Cli, args: list[str], message: str) -> None:
-    result = offline(*args)
+    assert_refused(offline, args, message)
+
+
+def assert_refused(cli: Cli, args: list[str], message: str) -> None:
+    result = cli(*args)
     assert result.status == 64, result
     assert message in result.error_line()
     assert result.out == ""
@@ -63,10 +67,7 @@ STORE_REFUSES = [
     ("args", "message"), STORE_REFUSES, ids=[" ".join(a)[:40] for a, _ in STORE_REFUSES]
 )
 def test_bad_names_exit_64(cli: Cli, args: list[str], message: str) -> None:
-    result = cli(*args)
-    assert result.status == 64, result
-    assert message in result.error_line()
-    assert result.out == ""
+    assert_refused(cli, args, message)
     assert cli.status()["locks"] == []
 
 

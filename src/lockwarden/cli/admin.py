@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from lockwarden.cli.common import EX_USAGE, CliError, mode_word, open_store
@@ -77,14 +78,39 @@ def _tables(
     # rich costs tens of milliseconds to import: only this command pays for it.
     from rich.console import Console  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
+    from rich.text import Text  # noqa: PLC0415
+
+    def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
+        shown = Table(title=Text(title), title_justify="left", highlight=False)
+        for column in columns:
+            shown.add_column(column, no_wrap=column not in ("NAME", "APP", "HOST"))
+        for row in rows:
+            # Text, not markup: a lock name like "batch[1]" is shown as it is.
+            cells = zip(columns, row, strict=True)
+            shown.add_row(*(Text(cell, _style(column, cell)) for column, cell in cells))
+        return shown
 
     # Piped into grep or a file, rows stay whole instead of wrapping at 80 columns.
     console = Console() if sys.stdout.isatty() else Console(width=100_000)
     if not locks and not waiters:
-        console.print(f"no locks held in {where}", highlight=False)
+        console.print(Text(f"no locks held in {where}"))
         return
-    held = Table(title=f"locks in {where}", title_justify="left", highlight=False)
-    for column in (
+    held = [
+        (
+            e.name,
+            mode_word(e.mode),
+            str(e.token),
+            e.holder.app_id,
+            e.holder.host,
+            str(e.holder.pid),
+            _age(e.holder.held_for),
+            _age(e.holder.heartbeat_age),
+            "STALE" if e.stale else "live",
+            str(queued[e.name] or ""),
+        )
+        for e in locks
+    ]
+    columns = [
         "NAME",
         "MODE",
         "TOKEN",
@@ -93,31 +119,13 @@ def _tables(
         "PID",
         "HELD",
         "HEARTBEAT",
-        "",
+        "STATE",
         "WAITERS",
-    ):
-        held.add_column(column, no_wrap=column not in ("NAME", "APP", "HOST"))
-    for e in locks:
-        h = e.holder
-        held.add_row(
-            e.name,
-            mode_word(e.mode),
-            str(e.token),
-            h.app_id,
-            h.host,
-            str(h.pid),
-            _age(h.held_for),
-            _age(h.heartbeat_age),
-            "[bold red]STALE[/]" if e.stale else "",
-            str(queued[e.name] or ""),
-        )
-    console.print(held)
+    ]
+    console.print(table(f"locks in {where}", columns, held))
     if waiters:
-        queue = Table(title="waiting, in queue order", title_justify="left", highlight=False)
-        for column in ("NAME", "MODE", "APP", "HOST", "PID", "WAITED", "GIVES UP IN", ""):
-            queue.add_column(column, no_wrap=column not in ("NAME", "APP", "HOST"))
-        for w in waiters:
-            queue.add_row(
+        queue = [
+            (
                 w.name,
                 mode_word(w.mode),
                 w.app_id,
@@ -125,9 +133,16 @@ def _tables(
                 str(w.pid),
                 _age(w.waited_for),
                 "never" if w.expires_in is None else _age(w.expires_in),
-                "[bold red]STALE[/]" if w.stale else "",
+                "STALE" if w.stale else "waiting",
             )
-        console.print(queue)
+            for w in waiters
+        ]
+        columns = ["NAME", "MODE", "APP", "HOST", "PID", "WAITED", "GIVES UP IN", "STATE"]
+        console.print(table("waiting, in queue order", columns, queue))
+
+
+def _style(column: str, cell: str) -> str:
+    return "bold red" if (column, cell) == ("STATE", "STALE") else ""
 
 
 def _age(seconds: float) -> str:
