@@ -13,6 +13,7 @@ psycopg and platformdirs are imported only by the commands that need them.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import sys
@@ -44,7 +45,7 @@ exit status:
   1        break: the confirmation was declined
   {EX_USAGE}       bad arguments (run: also a missing command after --)
   {EX_UNAVAILABLE}       the database cannot be used: bad URL, unreachable, or too new
-  {EX_SOFTWARE}       run: the lock was lost while CMD ran (CMD was stopped)
+  {EX_SOFTWARE}       run: the lock was lost while CMD ran (CMD was stopped); or a bug
   {EX_OSERR}       the operating system refused something lockwarden needed
   {EX_TEMPFAIL}       run: the lock was busy for --wait seconds (see --conflict-exit-code)
   126, 127 run: CMD could not be executed, or was not found
@@ -233,12 +234,14 @@ def _parser() -> _Parser:
 def _parse(argv: list[str]) -> argparse.Namespace:
     """Parse the options; for `run`, CMD is everything after the first ``--``, verbatim.
 
-    argparse itself would drop a ``--`` that belongs to CMD (before Python 3.13),
-    and would take CMD's own options for lockwarden's.
+    argparse itself would take CMD's own options for lockwarden's, and (on
+    Python 3.11) drop a second ``--`` that belongs to CMD.
     """
     parser = _parser()
-    cmd = argv[argv.index("--") + 1 :] if "--" in argv else None
-    head = argv[: argv.index("--")] if "--" in argv else argv
+    head, cmd = argv, None
+    if "--" in argv:
+        split = argv.index("--")
+        head, cmd = argv[:split], argv[split + 1 :]
     args, extra = parser.parse_known_args(head)
     if args.command != "run":
         return parser.parse_args(argv)  # there "--" only ends the options, as usual
@@ -260,6 +263,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``lockwarden`` executable; returns the exit status (docs/cli.md lists them)."""
+    # What the store logs (a heartbeat retried while the database is away) is
+    # worth seeing during a long run: as one line, like everything else here.
+    logging.basicConfig(format="lockwarden: %(message)s")
     try:
         args = _parse(list(sys.argv[1:] if argv is None else argv))
         status: int = args.handler(args, database_url(getattr(args, "db", None)))

@@ -169,7 +169,8 @@ class Job:
         with self._guard:
             if self._proc is None or self._proc.returncode is not None:
                 return False
-            os.kill(self._proc.pid, signum)
+            with contextlib.suppress(ProcessLookupError):  # reaped by on_signal a moment ago
+                os.kill(self._proc.pid, signum)
             return True
 
 
