@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import pty
 import re
+import select
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -123,8 +125,11 @@ def answer_prompt(cli: Cli, answer: str) -> int:
             env=cli.env,
         )
         seen = b""
+        deadline = time.monotonic() + 30
         while b"[y/N]" not in seen:
-            seen += os.read(main, 1024)
+            assert proc.poll() is None and time.monotonic() < deadline, seen
+            if select.select([main], [], [], 0.1)[0]:
+                seen += os.read(main, 1024)
         assert b"'job' is held (write) by app 'stuck'" in seen
         os.write(main, answer.encode())
         return proc.wait(timeout=30)

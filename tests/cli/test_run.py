@@ -59,12 +59,16 @@ def test_a_busy_lock_exits_75_naming_its_holder(cli: Cli) -> None:
 
 
 def test_a_waiting_run_starts_when_the_holder_ends(cli: Cli) -> None:
-    finished = cli.home / "finished"
-    first = cli.start("run", "job", "--", "sh", "-c", f"sleep 0.5; touch {finished}")
-    wait_for(lambda: cli.status()["locks"], what="the first run to hold the lock")
-    second = cli("run", "--wait", "20", "job", "--", "test", "-e", str(finished))
-    assert (second.status, second.err) == (0, "")  # CMD ran after the first one finished
+    started, go, finished = (cli.home / f for f in ("started", "go", "finished"))
+    script = f"touch {started}; while [ ! -e {go} ]; do sleep 0.02; done; touch {finished}"
+    first = cli.start("run", "job", "--", "sh", "-c", script)
+    wait_for(started.exists, what="the first CMD to start")
+    second = cli.start("run", "--wait", "20", "job", "--", "test", "-e", str(finished))
+    wait_for(lambda: cli.status()["waiters"], what="the second run to queue")
+    go.touch()
     assert first.finish().status == 0
+    result = second.finish()
+    assert (result.status, result.err) == (0, "")  # its CMD ran after the first one's
 
 
 def test_a_wait_that_runs_out_exits_75(cli: Cli) -> None:
