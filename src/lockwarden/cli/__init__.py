@@ -194,19 +194,21 @@ def _parser() -> _Parser:
     p = command(
         "status",
         "Show the locks held and the requests waiting.",
-        epilog="--json prints {format, database, locks: [...], waiters: [...]} with times in "
+        epilog="--json prints {format, database, locks: [...], waiters: [...]}, times in\n"
         "seconds; docs/cli.md describes every field.",
     )
-    p.add_argument("prefix", nargs="?", default="", metavar="NAME-PREFIX", help="only these")
+    p.add_argument(
+        "prefix", nargs="?", default="", metavar="NAME-PREFIX", help="only names starting so"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=admin.status)
 
     p = command(
         "break",
         "Remove every holder of NAME (an administrator's override).",
-        epilog="The next grant of NAME gets a larger fencing token, so storage that checks "
-        "tokens turns away the broken holder's late writes. A `lockwarden run` whose lock is "
-        "broken stops its CMD and exits 70.",
+        epilog="The next grant of NAME gets a larger fencing token, so storage that checks\n"
+        "tokens turns away the broken holder's late writes. A `lockwarden run` whose lock\n"
+        "is broken stops its CMD and exits 70.",
     )
     p.add_argument("name", metavar="NAME")
     p.add_argument("--yes", action="store_true", help="do not ask (needed without a terminal)")
@@ -218,12 +220,21 @@ def _parser() -> _Parser:
     p = command(
         "permits",
         "Show NAME's permits, or set them: how many may hold it at once in each mode.",
-        epilog="Readers and writers always exclude each other. An option left out keeps its "
+        epilog="Readers and writers always exclude each other. An option left out keeps its\n"
         "current value. Defaults: read unlimited, write 1.",
     )
     p.add_argument("name", metavar="NAME")
-    p.add_argument("--read", type=_read_permits, default=argparse.SUPPRESS, metavar="N|unlimited")
-    p.add_argument("--write", type=_permits, default=argparse.SUPPRESS, metavar="N")
+    for option, convert, metavar in (
+        ("--read", _read_permits, "N|unlimited"),
+        ("--write", _permits, "N"),
+    ):
+        p.add_argument(
+            option,
+            type=convert,
+            default=argparse.SUPPRESS,  # left out: keeps its value
+            metavar=metavar,
+            help=f"how many may hold it at once in {option[2:]} mode",
+        )
     p.set_defaults(handler=admin.permits)
 
     p = command("init", "Create or upgrade the store's tables and say where the database is.")
