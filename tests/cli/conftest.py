@@ -7,8 +7,10 @@ the developer's own default database.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -90,6 +92,9 @@ class Cli:
             "XDG_STATE_HOME": str(home / "state"),
         }
         self._running: list[Running] = []
+        self.cmds: dict[int, str] = {}
+        """CMDs started by `hold`, by pid, with a word of their command line: a failed
+        test may leave one orphaned, and the clean-up must not kill a stranger."""
 
     def __call__(
         self, *args: str, env: dict[str, str] | None = None, timeout: float = 30
@@ -123,6 +128,10 @@ class Cli:
     def close(self) -> None:
         for running in self._running:
             running.kill()
+        for pid, marker in self.cmds.items():
+            with contextlib.suppress(OSError):
+                if marker in Path(f"/proc/{pid}/cmdline").read_text():
+                    os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
@@ -162,7 +171,9 @@ def hold(cli: Cli, name: str, *options: str) -> Held:
         return started.exists() and started.read_text().endswith("\n")
 
     wait_for(cmd_started, what="CMD to start")
-    return Held(running, int(started.read_text()), log)
+    cmd_pid = int(started.read_text())
+    cli.cmds[cmd_pid] = str(started)
+    return Held(running, cmd_pid, log)
 
 
 def alive(pid: int) -> bool:
