@@ -145,7 +145,12 @@ def test_clean_counts_what_it_removes(cli: Cli) -> None:
     wait_for(lambda: cli.status()["waiters"], what="the waiter to queue")
     for dead in (holder.run, waiter):
         os.kill(dead.pid, signal.SIGKILL)
-    wait_for(lambda: all(e["stale"] for e in cli.status()["locks"]), what="the TTL to pass")
+
+    def all_stale() -> bool:
+        shape = cli.status()
+        return all(e["stale"] for e in shape["locks"] + shape["waiters"])
+
+    wait_for(all_stale, what="both TTLs to pass")
     cleaned = cli("clean")
     assert (cleaned.status, cleaned.out) == (
         0,
