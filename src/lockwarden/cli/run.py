@@ -1,0 +1,309 @@
+"""`lockwarden run NAME -- CMD`: hold a shared lock while a command runs (DESIGN C1).
+
+The lock is taken before CMD starts and released after CMD ends, whatever
+ended it. While CMD runs, three things watch over the lock:
+
+- the store's heartbeat keeps the session alive and calls ``on_lost`` when
+  the session dies (a heartbeat too late, the database gone for a TTL);
+- a checker asks the database every TTL/3 whether the lock is still held:
+  ``lockwarden break`` removes the lock but leaves the session alive, so the
+  heartbeat alone would never notice;
+- on Linux, CMD gets SIGKILL if lockwarden itself dies (kill -9, the OOM
+  killer): nobody would be left to stop it when its lock, no longer
+  heartbeating, passes to the next runner after the TTL.
+
+A lost lock stops CMD (SIGTERM, then SIGKILL after ``--kill-after``) and
+makes the exit status 70, so the operator learns that CMD's work may have
+overlapped with the next holder's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+from lockwarden import LockError, LockLost, LockTimeout
+from lockwarden.cli.common import (
+    EX_NOEXEC,
+    EX_NOTFOUND,
+    EX_SOFTWARE,
+    CliError,
+    mode_word,
+    open_store,
+    say,
+)
+from lockwarden.store import HeldLock
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+"""Signals that mean "stop": passed on to CMD, whose exit then ends the run."""
+
+KEYBOARD = (signal.SIGINT, signal.SIGQUIT)
+"""Signals a terminal sends to its whole foreground process group (Ctrl-C, Ctrl-\\)."""
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+class Interrupted(BaseException):
+    """A stop signal arrived before CMD started: stop waiting, clean up, exit 128+N.
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception``
+    on the way swallows it, and the store's waiting loop removes its queue
+    entry on the way out.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class Job:
+    """CMD: started once, given the signals meant for it, stopped if the lock is lost.
+
+    Only the main thread reaps CMD, holding ``_guard``; the other threads
+    (heartbeat, checker, kill timer) signal CMD holding it too, so none of
+    them signals a pid that has been reaped and may already be someone
+    else's. `on_signal` runs on the main thread, possibly while that thread
+    holds the guard, so it never takes it.
+    """
+
+    def __init__(self, argv: list[str], kill_after: float) -> None:
+        self.argv = argv
+        self._kill_after = kill_after
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._armed = False
+        self._pending: list[int] = []
+        self._guard = threading.Lock()
+        self.lost: str | None = None
+        """Why the lock was lost (None while it is held)."""
+        self.stopped = ""
+        """What was done to CMD because of the loss, for the exit message."""
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if not self._armed:
+            raise Interrupted(signum)
+        proc = self._proc
+        if proc is None:
+            self._pending.append(signum)  # CMD is being started: it gets it right after
+        else:
+            _forward(proc, signum)
+
+    def arm(self) -> None:
+        """From now on a stop signal is CMD's to act on, not a reason to give up waiting."""
+        self._armed = True
+
+    def start(self, env: dict[str, str]) -> None:
+        proc = subprocess.Popen(self.argv, env=env, preexec_fn=_die_with_parent())  # noqa: PLW1509  (see _die_with_parent)
+        with self._guard:
+            self._proc = proc
+            lost = self.lost
+        if lost is not None:  # lost while CMD was being started
+            self._terminate()
+        while self._pending:
+            _forward(proc, self._pending.pop(0))
+
+    def wait(self) -> int:
+        """CMD's exit status, as a shell reports it (128+N if killed by signal N).
+
+        The main thread sleeps in select() on Python's signal wakeup fd, not
+        in waitpid(): the kernel may hand a signal for lockwarden to any of
+        its threads (it does when the signal arrives while lockwarden is
+        stopped), and then only the wakeup fd gets the main thread to run the
+        handler, and so pass the signal on, before CMD ends. CMD's end comes
+        through the same fd, as SIGCHLD.
+        """
+        proc = self._proc
+        assert proc is not None
+        wake, wake_w = os.pipe()
+        for fd in (wake, wake_w):
+            os.set_blocking(fd, False)
+        previous_fd = signal.set_wakeup_fd(wake_w)
+        previous_chld = signal.signal(signal.SIGCHLD, _noted)
+        try:
+            while True:
+                with self._guard:
+                    status = proc.poll()
+                if status is not None:
+                    return 128 - status if status < 0 else status
+                select.select([wake], [], [])
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake, 4096)
+        finally:
+            signal.signal(signal.SIGCHLD, previous_chld)
+            signal.set_wakeup_fd(previous_fd)
+            os.close(wake)
+            os.close(wake_w)
+
+    def stop(self, reason: str) -> None:
+        """The lock is lost: stop CMD if it runs. Safe from any thread; the first reason wins."""
+        with self._guard:
+            if self.lost is not None:
+                return
+            self.lost = reason
+            started = self._proc is not None
+        if started:
+            self._terminate()
+
+    def _terminate(self) -> None:
+        if not self._send(signal.SIGTERM):
+            self.stopped = "CMD had already ended"
+            return
+        self.stopped = "CMD was sent SIGTERM"
+        killer = threading.Timer(self._kill_after, self._kill)
+        killer.daemon = True  # if CMD ends in time, the process exits without waiting for it
+        killer.start()
+
+    def _kill(self) -> None:
+        if self._send(signal.SIGKILL):
+            self.stopped = f"CMD was sent SIGTERM, then SIGKILL after {self._kill_after:g} s"
+
+    def _send(self, signum: int) -> bool:
+        """Signal CMD from any thread but the handler's; False if CMD has been reaped."""
+        with self._guard:
+            if self._proc is None or self._proc.returncode is not None:
+                return False
+            with contextlib.suppress(ProcessLookupError):  # reaped by on_signal a moment ago
+                os.kill(self._proc.pid, signum)
+            return True
+
+
+def _noted(signum: int, frame: FrameType | None) -> None:
+    """A Python handler for SIGCHLD, so that its arrival reaches the wakeup fd."""
+
+
+def _forward(proc: subprocess.Popen[bytes], signum: int) -> None:
+    if signum in KEYBOARD and _terminal_sent_it(proc.pid):
+        return
+    proc.send_signal(signum)
+
+
+def _terminal_sent_it(pid: int) -> bool:
+    """Whether CMD got this keyboard signal from the terminal already.
+
+    Ctrl-C reaches every process of the terminal's foreground process group,
+    CMD included; forwarding it as well would interrupt CMD twice (a Python
+    CMD would get a second KeyboardInterrupt in the middle of its clean-up).
+    The price: a ``kill -INT`` aimed at lockwarden alone while it runs in the
+    foreground of a terminal is not passed on. SIGTERM and SIGHUP always are.
+    """
+    try:
+        tty = os.open("/dev/tty", os.O_RDONLY)
+    except OSError:
+        return False  # no controlling terminal: nobody but a sender of kill(2)
+    try:
+        return os.tcgetpgrp(tty) == os.getpgid(pid)
+    except OSError:
+        return False
+    finally:
+        os.close(tty)
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """What CMD runs before exec on Linux: ask for SIGKILL when lockwarden dies.
+
+    Without it, a lockwarden killed with SIGKILL leaves CMD running with no
+    one heartbeating its lock, and after the TTL a second copy may start.
+    This is the one thing subprocess cannot do without ``preexec_fn``; the
+    function only calls prctl(2) and getppid(2), which are safe in a child
+    forked while the heartbeat thread runs. (Other systems: not available.)
+    """
+    if sys.platform != "linux":
+        return None
+    import ctypes  # noqa: PLC0415  (Linux only, and only for `run`)
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # lockwarden died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arm
+
+
+def run(args: argparse.Namespace, url: str) -> int:
+    """The `run` command: see the module docstring; returns the exit status."""
+    job = Job(args.cmd, args.kill_after)
+    previous = {}
+    for signum in FORWARDED:
+        # An ignored signal stays ignored (nohup, background jobs of a script):
+        # CMD inherits SIG_IGN, as it would without lockwarden in between.
+        if signal.getsignal(signum) != signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, job.on_signal)
+    try:
+        with (
+            open_store(url) as store,
+            store.session(
+                app_id=args.app, ttl=args.ttl, on_lost=lambda exc: job.stop(str(exc))
+            ) as session,
+        ):
+            try:
+                held = session.lock(args.name, args.mode, timeout=args.wait)
+            except LockTimeout as exc:
+                say(exc)  # names the holder: app, host, pid, for how long
+                return int(args.conflict_exit_code)
+            finally:
+                job.arm()
+            return _hold(held, job)
+    except Interrupted as exc:
+        name = signal.Signals(exc.signum).name
+        say(f"{name} received while taking the lock on {args.name!r}; CMD was not started")
+        return 128 + exc.signum
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _hold(held: HeldLock, job: Job) -> int:
+    """Run CMD under ``held``; release it afterwards; CMD's status, or 70 if it was lost."""
+    env = {**os.environ, "LOCKWARDEN_NAME": held.name, "LOCKWARDEN_TOKEN": str(held.token)}
+    try:
+        job.start(env)
+    except FileNotFoundError as exc:
+        raise CliError(EX_NOTFOUND, f"cannot run {job.argv[0]!r}: command not found") from exc
+    except PermissionError as exc:
+        raise CliError(EX_NOEXEC, f"cannot run {job.argv[0]!r}: permission denied") from exc
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise CliError(EX_NOEXEC, f"cannot run {job.argv[0]!r}: {exc}") from exc
+    done = threading.Event()
+    checker = threading.Thread(
+        target=_check, args=(held, job, done), name="lockwarden-check", daemon=True
+    )
+    checker.start()
+    try:
+        status = job.wait()
+    finally:
+        done.set()
+        checker.join()
+    try:
+        held.release()
+    except LockLost as exc:  # lost after the last check: CMD's end may have run unprotected
+        job.stop(str(exc))
+    if job.lost is not None:
+        say(
+            f"lost the {mode_word(held.mode)} lock on {held.name!r} (token {held.token}) "
+            f"while CMD ran, and {job.stopped}: {job.lost}"
+        )
+        return EX_SOFTWARE
+    return status
+
+
+def _check(held: HeldLock, job: Job, done: threading.Event) -> None:
+    """Ask the database every TTL/3 whether the lock is still ours (it may have been broken)."""
+    while not done.wait(held.session.ttl / 3):
+        try:
+            held.check()
+        except LockLost as exc:
+            if not held.session.lost:  # a lost session is reported by on_lost, with its reason
+                job.stop(str(exc))
+            return
+        except LockError:
+            continue  # unreachable database: the heartbeat's lease decides when it is a loss

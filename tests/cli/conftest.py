@@ -1,0 +1,185 @@
+"""Fixtures for the command line's tests: the real ``lockwarden`` executable, in subprocesses.
+
+Every test gets a fresh store on each backend (the store tests' ``url``
+fixture) and a private HOME and state directory, so nothing here can touch
+the developer's own default database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.store.conftest import connect, pg_schema, pg_url, sqlite_url, store, url, wait_for
+
+__all__ = ["connect", "pg_schema", "pg_url", "sqlite_url", "store", "url", "wait_for"]
+
+LOCKWARDEN = Path(sys.executable).with_name("lockwarden")
+
+
+class Result:
+    """How a finished ``lockwarden`` ended: status, stdout, stderr."""
+
+    def __init__(self, status: int, out: str, err: str) -> None:
+        self.status = status
+        self.out = out
+        self.err = err
+
+    def error_line(self) -> str:
+        """The one line a failure must print on stderr (and nothing else)."""
+        assert "Traceback" not in self.err, self.err
+        lines = self.err.splitlines()
+        assert len(lines) == 1, f"expected one line on stderr, got: {self.err!r}"
+        assert lines[0].startswith("lockwarden"), lines[0]
+        return lines[0]
+
+    def __repr__(self) -> str:
+        return f"<Result {self.status} out={self.out!r} err={self.err!r}>"
+
+
+class Running:
+    """A ``lockwarden`` started in the background; its output goes to files.
+
+    Files, not pipes: a CMD that outlives a killed ``lockwarden`` would hold
+    a pipe open and make reading it hang.
+    """
+
+    def __init__(self, argv: list[str], env: dict[str, str], directory: Path) -> None:
+        self._out = directory / f"out-{time.monotonic_ns()}"
+        self._err = self._out.with_suffix(".err")
+        with self._out.open("w") as out, self._err.open("w") as err:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=env,
+                start_new_session=True,  # no controlling terminal: signals come from the test
+            )
+        self.pid = self.proc.pid
+
+    def finish(self, timeout: float = 30.0) -> Result:
+        status = self.proc.wait(timeout)
+        return Result(status, self._out.read_text(), self._err.read_text())
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Cli:
+    """Runs ``lockwarden`` against one store, as a user's shell would."""
+
+    def __init__(self, url: str, home: Path) -> None:
+        self.url = url
+        self.home = home
+        self.env = {
+            **os.environ,
+            "LOCKWARDEN_DB": url,
+            "HOME": str(home),
+            "XDG_STATE_HOME": str(home / "state"),
+        }
+        self._running: list[Running] = []
+        self.cmds: dict[int, str] = {}
+        """CMDs started by `hold`, by pid, with a word of their command line: a failed
+        test may leave one orphaned, and the clean-up must not kill a stranger."""
+
+    def __call__(
+        self, *args: str, env: dict[str, str] | None = None, timeout: float = 30
+    ) -> Result:
+        done = subprocess.run(
+            [str(LOCKWARDEN), *args],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            env=env or self.env,
+            timeout=timeout,
+            check=False,
+        )
+        return Result(done.returncode, done.stdout, done.stderr)
+
+    def start(self, *args: str, via: str = "") -> Running:
+        """Start ``lockwarden args...`` in the background; ``via``: a shell prefix that execs it."""
+        argv = [str(LOCKWARDEN), *args]
+        if via:  # e.g. "trap '' HUP; exec": the shell becomes lockwarden, same pid
+            argv = ["sh", "-c", f'{via} "$0" "$@"', *argv]
+        running = Running(argv, self.env, self.home)
+        self._running.append(running)
+        return running
+
+    def status(self) -> dict[str, Any]:
+        result = self("status", "--json")
+        assert result.status == 0, result
+        shape: dict[str, Any] = json.loads(result.out)
+        return shape
+
+    def close(self) -> None:
+        for running in self._running:
+            running.kill()
+        for pid, marker in self.cmds.items():
+            with contextlib.suppress(OSError):
+                if marker in Path(f"/proc/{pid}/cmdline").read_text():
+                    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def cli(url: str, tmp_path: Path) -> Iterator[Cli]:
+    assert LOCKWARDEN.exists(), f"{LOCKWARDEN} is missing: install the package (pip install -e .)"
+    runner = Cli(url, tmp_path)
+    yield runner
+    runner.close()
+
+
+@dataclass
+class Held:
+    """A ``lockwarden run`` whose CMD runs until it is stopped."""
+
+    run: Running
+    cmd_pid: int
+    log: Path
+    """CMD writes "TERM" here when it gets SIGTERM (it then exits 0, as well-behaved jobs do)."""
+
+    def terminated(self) -> bool:
+        return self.log.exists() and "TERM" in self.log.read_text()
+
+
+def hold(cli: Cli, name: str, *options: str) -> Held:
+    """Start ``lockwarden run [options] name`` and return once its CMD runs (the lock is held)."""
+    started = cli.home / f"started-{time.monotonic_ns()}"
+    log = started.with_suffix(".log")
+    script = (
+        f'trap \'echo TERM >> "{log}"; exit 0\' TERM; echo $$ > "{started}"; '
+        "while :; do sleep 0.05; done"
+    )
+    running = cli.start("run", *options, name, "--", "sh", "-c", script)
+
+    def cmd_started() -> bool:
+        if running.proc.poll() is not None:
+            raise AssertionError(f"lockwarden run {name} ended: {running.finish()}")
+        return started.exists() and started.read_text().endswith("\n")
+
+    wait_for(cmd_started, what="CMD to start")
+    cmd_pid = int(started.read_text())
+    cli.cmds[cmd_pid] = str(started)
+    return Held(running, cmd_pid, log)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its parent to reap it does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
