@@ -321,3 +321,16 @@ def test_inherited_gap_locks_can_close_a_cycle_without_a_new_wait(mgr: LockManag
     assert mgr.stats().deadlocks == 1
     a.release_all()
     assert wb.join().value == "S record"
+
+
+def test_a_failed_insert_gives_back_an_intention_held_before_it(mgr: LockManager) -> None:
+    """The insert gives back the txn's own intention on 20 to ask afresh, then times out."""
+    idx = keys(mgr)
+    ins, gap = mgr.begin(), mgr.begin()
+    ins.lock_key(idx, 20, II, X)
+    gap.lock_key(idx, 20, GAP, S)  # granted: a gap lock waits for no intention
+    with pytest.raises(LockTimeout) as err:
+        ins.insert(idx, 15, timeout=0.05)
+    assert err.value.blockers == (gap.id,)
+    assert ins.held_key(idx, 20) is RangeMode.of(II, X)
+    assert on(mgr, 20) == {(ins.id, "insert-intention", True), (gap.id, "gap", True)}

@@ -373,13 +373,19 @@ class LockManager:
             del self._tables[queue.kind][queue.key]
 
     def _set_held(self, req: Request[Any], mode: Any) -> None:
-        """Make a granted request hold `mode` instead (None: release it), then re-examine its queue.
+        """Make `req` hold `mode` instead (None: release it), then re-examine its queue.
 
         For a call giving back what it took (undo, and the insert intention
-        once the insert is done). Not for `req` while it waits.
+        once the insert is done), never while `req` waits. A request the
+        call had released (an insert gives back even an intention held
+        before it) goes back into its queue, made again if need be.
         """
         queue = req.in_queue
-        if mode is None:
+        if req.mode is None:
+            queue = req.queue = self._queue_for(queue.kind, queue.key)
+            queue.add_granted(req, mode)
+            req.owner._adopt(req)
+        elif mode is None:
             queue.remove_granted(req)
             req.owner._forget(req, granted=True)
         else:
@@ -1179,6 +1185,11 @@ class _Call:
             self.txn.waiting_request = None
             self._rollback()
 
+    def give_back(self, req: Request[Any], mode: Any) -> None:
+        """Let a step's request hold less (`mode`; None: nothing), as undo would restore it."""
+        self.undo.setdefault(req, req.mode)
+        self.txn._mgr._set_held(req, mode)
+
     def _failed(self, error: BaseException) -> BaseException:
         self.txn.waiting_request = None
         self._rollback()
@@ -1189,7 +1200,7 @@ class _Call:
         mgr = self.txn._mgr
         self.txn._call = None
         for req, before in reversed(self.undo.items()):
-            if req.mode is not None:  # else: refused while new, or dropped by an index change
+            if req.mode is not None or before is not None:  # else: refused while new
                 mgr._set_held(req, before)
         self.undo.clear()
 

@@ -430,7 +430,6 @@ def insert_steps(txn: Txn, index: Index, key: Any) -> Iterator[Step]:
     nothing, and keeping it would make a later request of this owner on the
     next key wait for gap locks.
     """
-    mgr = txn._mgr
     while True:
         index._absent(key)
         heir = index._after(key)
@@ -443,7 +442,8 @@ def insert_steps(txn: Txn, index: Index, key: Any) -> Iterator[Step]:
         )
         if free:
             _split(txn, index, key, heir)
-        mgr._set_held(req, req.mode.without_insert_intention)
+        assert txn._call is not None
+        txn._call.give_back(req, req.mode.without_insert_intention)
         if free:
             return
 
@@ -471,8 +471,8 @@ def _split(txn: Txn, index: Index, key: Any, heir: Any) -> None:
 def _hand_over(mgr: LockManager, queue: RangeQueue, heir_key: tuple[Index, Any]) -> None:
     """Move every request of a removed key's queue to the next key, then re-examine it (R3).
 
-    Requests go over in queue order, granted ones first, and waiting ones
-    join the back of the next key's queue (no request goes ahead of one
+    Granted requests go over first, then waiting ones in their order, to
+    the back of the next key's queue (no request goes ahead of one
     already waiting there). An owner that already has a request on the next
     key ends up with one request (L3). Inherited gap locks can make waiters
     of the next key wait for owners that are themselves waiting, without
@@ -480,7 +480,8 @@ def _hand_over(mgr: LockManager, queue: RangeQueue, heir_key: tuple[Index, Any])
     left there.
     """
     heir = mgr._range_queue(heir_key)
-    for req in dict.fromkeys([*queue.granted.values(), *queue.waiting]):
+    granted_only = [req for req in queue.granted.values() if req.wanted is None]
+    for req in [*granted_only, *queue.waiting]:
         _move(heir, req, queue.key)
     mgr._wake_granted(heir)
     for req in list(heir.waiting):
