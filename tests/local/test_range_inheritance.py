@@ -148,8 +148,8 @@ def test_two_scanners_of_a_gap_insert_one_after_the_other(mgr: LockManager) -> N
     assert on(mgr, 25) == {(b.id, "X next-key", True), (c.id, "gap", True)}
 
 
-def test_an_insert_checks_again_when_it_resumes(mgr: LockManager) -> None:
-    """A gap lock granted between the insert's grant and its resumption sends it back to wait."""
+def test_the_insert_happens_when_its_intention_is_granted(mgr: LockManager) -> None:
+    """Not when the inserter runs again: a scan that comes in between finds the key there."""
     idx = keys(mgr)
     holder, late, ins = mgr.begin(), mgr.begin(), mgr.begin()
 
@@ -158,20 +158,40 @@ def test_an_insert_checks_again_when_it_resumes(mgr: LockManager) -> None:
         task = asyncio.create_task(ins.insert_async(idx, 25, timeout=5))
         while ins.waiting_request is None:
             await asyncio.sleep(0)
-        holder.release_all()  # grants the insert intention; the task has not run yet
-        assert ins.waiting_request is None and 25 not in idx
-        late.lock_key(idx, 30, GAP, S)  # a gap lock waits for no intention
-        for _ in range(5):
-            await asyncio.sleep(0)
-        assert not task.done() and 25 not in idx  # it asked again, and waits for `late`
-        assert mgr.waits_for() == {ins.id: {late.id}}
-        assert on(mgr, 30) == {(late.id, "gap", True), (ins.id, "insert-intention", False)}
-        late.release_all()
+        holder.release_all()  # grants the intention; the inserting task has not run yet
+        assert 25 in idx and on(mgr, 25) == {(ins.id, "X record", True)}
+        with pytest.raises(LockTimeout) as err:  # the scan meets 25 and waits for its inserter
+            late.lock_range(idx, 21, 29, S, timeout=0)
+        assert err.value.resource == ("pk", 25)
         await task
 
     asyncio.run(main())
-    assert on(mgr, 25) == {(ins.id, "X record", True)}
-    assert on(mgr, 30) == set()
+    assert on(mgr, 30) == set()  # the intention was given back
+
+
+def test_an_insert_whose_gap_changed_while_it_waited_asks_again(mgr: LockManager) -> None:
+    """Waiting on 30 to insert 22, it sees 25 arrive below 30: it asks on 25 instead."""
+    idx = keys(mgr)
+    gap, ins = mgr.begin(), mgr.begin()
+    gap.lock_key(idx, 30, GAP, S)
+    wait = Attempt(ins, ins.insert, idx, 22, timeout=5).queued()
+    gap.insert(idx, 25, timeout=0)  # its own gap lock does not stop it; nothing waits for ins
+    assert on(mgr, 25) == {(gap.id, "X next-key", True)}  # the gap (20, 25) is gap's too
+    gap.release_all()
+    wait.join()
+    assert idx.keys() == [10, 20, 22, 25, 30]
+    assert {(i.resource, i.mode.value) for i in mgr.locks() if i.kind == "range"} == {
+        (("pk", 22), "X record")
+    }
+
+
+def test_an_insert_under_an_intention_it_holds_goes_in_at_once(mgr: LockManager) -> None:
+    idx = keys(mgr)
+    ins = mgr.begin()
+    ins.lock_key(idx, 20, II, X)
+    ins.insert(idx, 15, timeout=0)
+    assert on(mgr, 15) == {(ins.id, "X record", True)}
+    assert on(mgr, 20) == set()  # given back as well: it had done its job
 
 
 # -- R3: remove hands every lock to the next key ---------------------------------------------

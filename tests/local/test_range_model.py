@@ -93,6 +93,8 @@ class Call:
     before: dict[object, M]  # the owner's locks when the call started, index changes applied
     insert_key: object = None
     asked: object = None  # the key of the step it waits for (or was granted)
+    inserted: bool = False
+    holder: object = None  # where the insert's intention was granted last
     outcome: str | None = None  # None while it runs; then "ok", "timeout", "deadlock", "usage"
     result: M | None = None
 
@@ -155,8 +157,16 @@ class Model:
                 continue
             q.waiting.remove(entry)
             q.granted[owner] = wanted
+            self.granted(owner, key)
             self.woken.append(owner)
         self.tidy(key)
+
+    def granted(self, owner: int, key: object) -> None:
+        """An insert goes in the moment its intention is granted, if the gap is still its."""
+        call = self.calls.get(owner)
+        if call is not None and call.kind == "insert" and call.outcome is None:
+            call.holder = key
+            call.inserted = self.try_insert(owner, key)
 
     def request(self, owner: int, key: object, mode: M, patience: float) -> str:
         """One step of a call: "ok" (granted or covered), "timeout", "deadlock" or "queued"."""
@@ -172,6 +182,7 @@ class Model:
         others = [h for o, h in q.granted.items() if o != owner]
         if not any(waits(want, h) for h in [*others, *(w for _, w in q.waiting[:pos])]):
             q.granted[owner] = want
+            self.granted(owner, key)
             return "ok"
         if patience == 0:
             self.tidy(key)
@@ -256,7 +267,7 @@ class Model:
     # -- calls ------------------------------------------------------------------------
 
     def insert_step(self, owner: int) -> None:
-        """Ask for the insert intention on the key above, until granted, queued or failed."""
+        """Ask for the insert intention on the key above, until inserted, queued or failed."""
         call = self.calls[owner]
         while True:
             if call.insert_key in self.keys:
@@ -271,21 +282,35 @@ class Model:
             if self.resume_insert(owner):
                 return
 
-    def resume_insert(self, owner: int) -> bool:
-        """After the intention was granted: insert if nothing changed; whether it is done."""
+    def try_insert(self, owner: int, heir: object) -> bool:
         call = self.calls[owner]
-        heir = call.asked
-        mine = self.queues[heir].granted.get(owner) if heir in self.queues else None
-        if mine is None or not mine[2]:
-            return False  # the key it was on went away: ask again
-        others = [h for o, h in self.queues[heir].granted.items() if o != owner]
-        free = self.next_key(call.insert_key) == heir and not any(h[1] for h in others)
-        if free:
+        q = self.queues.get(heir)
+        mine = q.granted.get(owner) if q is not None else None
+        others = [h for o, h in q.granted.items() if o != owner] if q is not None else []
+        fits = (
+            mine is not None
+            and mine[2]
+            and self.next_key(call.insert_key) == heir
+            and call.insert_key not in self.keys
+            and not any(h[1] for h in others)
+        )
+        if fits:
             self.split(owner, call.insert_key, heir)
-        self.set_held(owner, heir, without_insert(mine))
-        if free:
+        return fits
+
+    def resume_insert(self, owner: int) -> bool:
+        """The inserter runs again: insert now if the grant could not, give the intention back."""
+        call = self.calls[owner]
+        holder = call.asked if call.holder is None else call.holder
+        if not call.inserted:
+            call.inserted = self.try_insert(owner, call.asked)
+        mine = self.held(owner).get(holder)
+        if mine is not None and mine[2]:
+            self.set_held(owner, holder, without_insert(mine))
+        call.holder = None
+        if call.inserted:
             call.outcome = "ok"
-        return free
+        return call.inserted
 
     def settle(self) -> None:
         """Run the wake-ups in the order they were issued, and whatever they cause."""

@@ -22,6 +22,7 @@ from lockwarden.local._queue import MetadataQueue, Queue, Request
 from lockwarden.local.ranges import (
     SUPREMUM,
     Index,
+    Inserting,
     Kind,
     RangeMode,
     RangeQueue,
@@ -1056,6 +1057,7 @@ class _Call:
         "deadline",
         "first",
         "grown",
+        "inserting",
         "limit",
         "loop",
         "result",
@@ -1083,6 +1085,8 @@ class _Call:
         came in. Index changes during the call rewrite the entries of the
         requests they move (ranges.py), so the undo stays exact."""
         self.result: Any = None
+        self.inserting: Inserting | None = None
+        """The insert this call makes, if it is `Txn.insert` (ranges.py, `insert_steps`)."""
         self.grown: dict[int, tuple[Request[Mode], Any]] = {}
         """Parents that counted a new child in this call (by id), for escalation once it
         succeeds: a call that escalates never has to undo an escalation."""

@@ -265,6 +265,14 @@ class RangeQueue(Queue[RangeMode]):
     def _ahead_blocks_all(self, ahead: Any) -> bool:
         return False
 
+    def granted_one(self, req: Request[RangeMode]) -> None:
+        """An insert intention granted to an insert in progress inserts at once (`insert_steps`)."""
+        call = req.owner._call
+        job = call.inserting if call is not None else None
+        if job is not None and self.key[0] is job.index:
+            job.holder = req
+            job.done = _try_insert(req.owner, job.index, job.key, self.key[1])
+
 
 class Index:
     """An ordered set of keys that transactions lock, made by `LockManager.index`.
@@ -418,34 +426,68 @@ def scan_steps(index: Index, lo: Any, hi: Any, mode: Mode) -> Iterator[Step]:
         key = index._after(key)
 
 
+class Inserting:
+    """An insert in progress, known to its call so that the grant itself can insert."""
+
+    __slots__ = ("done", "holder", "index", "key")
+
+    def __init__(self, index: Index, key: Any) -> None:
+        self.index = index
+        self.key = key
+        self.done = False
+        self.holder: Request[RangeMode] | None = None
+        """The request whose insert intention was granted last, to give back."""
+
+
 def insert_steps(txn: Txn, index: Index, key: Any) -> Iterator[Step]:
     """Insert intention on the next key, then the key goes in and the gap splits (R3).
 
-    The intention is granted when no other owner's gap lock is on the next
-    key, but the insert happens only when this call resumes, and meanwhile a
-    gap lock may have been granted (gap locks never wait for intentions) or
-    the gap may have changed. So the condition is checked again when the
-    key goes in; if it no longer holds, the call asks again. Once the key is
-    in, the intention has done its job and is given back: it protects
-    nothing, and keeping it would make a later request of this owner on the
-    next key wait for gap locks.
+    The key goes in the moment the intention is granted, under the same
+    hold of the mutex (`RangeQueue.granted_one`), while no other owner's gap
+    lock is on the next key. Were it left to the inserting thread, a gap
+    lock could be granted in between (gap locks wait for no intention) and
+    send the insert back to wait — again and again, for a transaction that
+    retries faster than the inserter wakes up. If the gap changed while the
+    call waited, the grant does not insert, and the call asks again on the
+    key above it now. Once the key is in, the intention has done its job and
+    is given back: it protects nothing, and keeping it would make a later
+    request of this owner on that key wait for gap locks.
     """
+    call = txn._call
+    assert call is not None
+    job = call.inserting = Inserting(index, key)
     while True:
         index._absent(key)
         heir = index._after(key)
         yield "range", (index, heir), INSERT_INTENTION
-        req = txn._ranges.get((index, heir))
-        if req is None or req.mode is None or not req.mode.insert_intention:
-            continue  # the key it was on was removed meanwhile: ask on the key there is now
-        free = index._after(key) == heir and not req.in_queue.blocked_by_granted(
-            req, INSERT_INTENTION
-        )
-        if free:
-            _split(txn, index, key, heir)
-        assert txn._call is not None
-        txn._call.give_back(req, req.mode.without_insert_intention)
-        if free:
+        holder = job.holder or txn._ranges.get((index, heir))
+        if not job.done:  # it held the intention already: no grant, so no insert yet
+            job.done = _try_insert(txn, index, key, heir)
+        if holder is not None and holder.mode is not None and holder.mode.insert_intention:
+            call.give_back(holder, holder.mode.without_insert_intention)
+        job.holder = None
+        if job.done:
             return
+
+
+def _try_insert(txn: Txn, index: Index, key: Any, heir: Any) -> bool:
+    """Insert `key` if this txn's intention on `heir` lets it now; whether it did.
+
+    It does when `heir` is still the key above `key` and no other owner
+    holds a gap lock there.
+    """
+    req = txn._ranges.get((index, heir))
+    fits = (
+        req is not None
+        and req.mode is not None
+        and req.mode.insert_intention
+        and index._after(key) == heir
+        and not index._has(key)
+        and not req.in_queue.blocked_by_granted(req, INSERT_INTENTION)
+    )
+    if fits:
+        _split(txn, index, key, heir)
+    return fits
 
 
 def _split(txn: Txn, index: Index, key: Any, heir: Any) -> None:
@@ -453,7 +495,7 @@ def _split(txn: Txn, index: Index, key: Any, heir: Any) -> None:
 
     Gap locks on `heir` are copied to `key`, since each half of the old gap
     is now a gap of its own. The only ones there belong to the inserter: any
-    other owner's would have failed the check `insert_steps` just made. So
+    other owner's would have failed the check `_try_insert` just made. So
     the copy is the inserter's: a next-key X lock on `key` if it held the
     gap, else an X record lock — the explicit form of what InnoDB keeps
     implicit in the record (nobody reads or locks the new key before the
@@ -513,6 +555,7 @@ def _move(heir: RangeQueue, req: Request[RangeMode], removed: tuple[Index, Any])
         heir.set_granted(other, held)
         if other.wanted is not None and held is not None:
             other.wanted = other.wanted.join(held)
+        req.mode = None  # absorbed
     else:
         # `req` moves; if its owner waits on it, it keeps its gate.
         if other is not None:
