@@ -229,7 +229,7 @@ class Queue(Generic[M]):
         self.waiting.remove(req)
         req.wanted = None
 
-    def grant_waiters(self) -> list[Request[M]]:
+    def grant_waiters(self) -> list[tuple[Request[M], float]]:
         """Grant, in queue order, every waiter that the grant rule allows now.
 
         A waiter passes if it is compatible with the granted locks of others
@@ -238,9 +238,10 @@ class Queue(Generic[M]):
         a summary of the waiters it passed over (`_ahead_*`: a mask of modes
         here; what conflicts is the only thing a subclass changes) and stops
         once nothing behind them could pass. The granted requests are
-        returned; the caller wakes them.
+        returned, each with the time it started waiting (a grant resets
+        `since`); the caller wakes them.
         """
-        granted: list[Request[M]] = []
+        granted: list[tuple[Request[M], float]] = []
         ahead = self._ahead_start()
         waiting = self.waiting
         i = 0
@@ -250,9 +251,9 @@ class Queue(Generic[M]):
             assert mode is not None
             if not self._ahead_blocks(ahead, mode) and not self.blocked_by_granted(req, mode):
                 del waiting[i]
+                granted.append((req, req.since))
                 self.add_granted(req, mode)
                 self.granted_one(req)
-                granted.append(req)
                 continue
             ahead = self._ahead_add(ahead, mode)
             if self._ahead_blocks_all(ahead):

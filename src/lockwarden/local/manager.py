@@ -365,9 +365,9 @@ class LockManager:
         """Re-examine a queue after something left it, grant what it can, drop it if idle."""
         if queue.waiting:
             now = time.monotonic()
-            for req in queue.grant_waiters():
+            for req, since in queue.grant_waiters():
                 self._grants += 1
-                self._wait_time += now - req.since
+                self._wait_time += now - since
                 req.owner.waiting_request = None
                 self._wakes.append(req)
         if not queue.granted and not queue.waiting:
