@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 import enum
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from lockwarden.errors import LockUsageError
@@ -33,6 +33,7 @@ __all__ = ["SUPREMUM", "Index", "Kind", "RangeMode"]
 
 Step = tuple[str, Hashable, Any]
 """One step of a lock call: (queue kind, key in that lock table, mode)."""
+_Bisect = Callable[[list[Any], Any], int]
 
 
 class _Supremum:
@@ -318,7 +319,7 @@ class Index:
         """The keys from `lo` to `hi`, both included (None: unbounded), in order."""
         with self._mgr._mutex:
             start = 0 if lo is None else self._position(lo)
-            end = len(self._keys) if hi is None else self._position_after(hi)
+            end = len(self._keys) if hi is None else self._position(hi, bisect.bisect_right)
             return self._keys[start:end]
 
     def next_key(self, key: Any) -> Any:
@@ -352,19 +353,26 @@ class Index:
 
     # -- under the mutex ---------------------------------------------------------
 
-    def _position(self, key: Any) -> int:
-        """Where `key` is or would go; LockUsageError if it cannot be a key of this index."""
+    def _position(self, key: Any, find: _Bisect = bisect.bisect_left) -> int:
+        """Where `key` is or would go (`find`: bisect_right for just after it).
+
+        LockUsageError if it cannot be a key of this index.
+        """
         if key is SUPREMUM:
             return len(self._keys)
         try:
             hash(key)
-            return bisect.bisect_left(self._keys, key)
+            return find(self._keys, key)
         except TypeError:
             example = f" such as {self._keys[0]!r}" if self._keys else ""
             raise LockUsageError(
                 f"{key!r} cannot be a key of index {self.name!r}: keys must be hashable and "
                 f"comparable with each other (this index holds keys{example})"
             ) from None
+
+    def _key_at(self, pos: int) -> Any:
+        """The key at `pos`, or SUPREMUM past the last one."""
+        return self._keys[pos] if pos < len(self._keys) else SUPREMUM
 
     def _add(self, key: Any) -> None:
         self._keys.insert(self._absent(key), key)
@@ -382,20 +390,9 @@ class Index:
     def _has(self, key: Any) -> bool:
         return self._at(self._position(key), key)
 
-    def _position_after(self, key: Any) -> int:
-        """Where the first key above `key` is."""
-        pos = self._position(key)
-        return pos + 1 if self._at(pos, key) else pos
-
     def _after(self, key: Any) -> Any:
         """The first key above `key`, or SUPREMUM."""
-        pos = self._position_after(key)
-        return self._keys[pos] if pos < len(self._keys) else SUPREMUM
-
-    def _first_from(self, key: Any) -> Any:
-        """The first key at or above `key`, or SUPREMUM."""
-        pos = self._position(key)
-        return self._keys[pos] if pos < len(self._keys) else SUPREMUM
+        return self._key_at(self._position(key, bisect.bisect_right))
 
 
 # -- lock calls: their steps, generated as the index is at each step ------------------
@@ -411,19 +408,21 @@ def scan_steps(index: Index, lo: Any, hi: Any, mode: Mode) -> Iterator[Step]:
     from then on, no key can enter the range without waiting for us.
     """
     next_key_mode = RangeMode.of(Kind.NEXT_KEY, mode)
-    below = None  # the last key locked and confirmed
-    key = index._first_from(lo)
+    # The keys locked and confirmed so far are those from lo to `done`.
+    done, find = lo, bisect.bisect_left  # (none yet: from lo itself)
+    key = index._key_at(index._position(lo))
     while True:
         last = key is SUPREMUM or hi < key
         yield "range", (index, key), GAP if last else next_key_mode
-        found = index._first_from(lo) if below is None else index._after(below)
+        pos = index._position(done, find)
+        found = index._key_at(pos)
         if found != key:
             key = found
             continue
         if last:
             return
-        below = key
-        key = index._after(key)
+        done, find = key, bisect.bisect_right
+        key = index._key_at(pos + 1)
 
 
 class Inserting:
