@@ -29,6 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from lockwarden import Deadlock, LockManager, LockTimeout, LockUsageError, Mode
 from lockwarden.local import SUPREMUM, Kind
+from tests.local.conftest import spin
 
 OWNERS = 4
 INITIAL = (10, 20, 30)
@@ -349,13 +350,7 @@ class RangeMachine(RuleBasedStateMachine):
         self.loop.close()
 
     def spin(self, seconds: float = 0.0) -> None:
-        async def run() -> None:
-            if seconds:
-                await asyncio.sleep(seconds)
-            for _ in range(30):
-                await asyncio.sleep(0)
-
-        self.loop.run_until_complete(run())
+        spin(self.loop, seconds)
 
     def idle(self, i: int) -> bool:
         return (
@@ -458,24 +453,22 @@ class RangeMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def release_all(self, data: Any) -> None:
         i = self.owner(data)
-        owner = self.ids[i]
         self.txns[i].release_all()
-        for key in self.model.held(owner):
-            self.model.set_held(owner, key, None)
-        self.model.settle()
-        self.spin()
+        self.released(i, list(self.model.held(self.ids[i])))
 
     @precondition(some_idle)
     @rule(data=st.data())
     def unlock_key(self, data: Any) -> None:
         i = self.owner(data)
-        owner = self.ids[i]
-        held = self.model.held(owner)
-        if not held:
-            return
-        key = data.draw(st.sampled_from(sorted(held, key=lambda k: (k is SUPREMUM, k))))
-        self.txns[i].unlock_key(self.index, key)
-        self.model.set_held(owner, key, None)
+        held = self.model.held(self.ids[i])
+        if held:
+            key = data.draw(st.sampled_from(sorted(held, key=lambda k: (k is SUPREMUM, k))))
+            self.txns[i].unlock_key(self.index, key)
+            self.released(i, [key])
+
+    def released(self, i: int, keys: list[object]) -> None:
+        for key in keys:
+            self.model.set_held(self.ids[i], key, None)
         self.model.settle()
         self.spin()
 
