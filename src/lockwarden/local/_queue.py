@@ -276,7 +276,7 @@ class Queue(Generic[M]):
         return bool(ahead & _X_BIT)  # X waits ahead: nothing is compatible with it
 
     def granted_one(self, req: Request[M]) -> None:
-        """Hook for queues that keep grant history (metadata locks)."""
+        """Hook run at each grant: metadata locks keep their history, a range lock can insert."""
 
     # -- introspection -------------------------------------------------------
 
@@ -318,6 +318,11 @@ class MetadataQueue(Queue[Mode]):
         self.streak = 0
         self.streak_limit = streak_limit
 
+    @property
+    def parent_key(self) -> None:
+        """A metadata lock is nobody's child, whatever its table's name looks like."""
+        return None
+
     def position_for(self, req: Request[Mode], mode: Mode) -> int:
         pos = super().position_for(req, mode)
         if mode is not Mode.X or req.mode is not None or self.streak >= self.streak_limit:
@@ -327,7 +332,7 @@ class MetadataQueue(Queue[Mode]):
                 return i
         return pos
 
-    def granted_one(self, req: Request[M]) -> None:
+    def granted_one(self, req: Request[Mode]) -> None:
         if req.mode is Mode.S:
             self.streak = 0
             return
