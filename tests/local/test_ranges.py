@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import pytest
@@ -188,6 +189,19 @@ def test_a_table_lock_covers_range_locks_and_blocks_inserts(mgr: LockManager) ->
     assert reader.held(("orders",)) is Mode.SIX
 
 
+def test_under_an_x_table_lock_an_insert_takes_no_range_lock(mgr: LockManager) -> None:
+    idx = mgr.index("orders_pk", table=("orders",), keys=[1, 2, 3])
+    owner, other = mgr.begin(), mgr.begin()
+    owner.lock(("orders",), X)
+    owner.insert(idx, 5, timeout=0)
+    assert idx.keys() == [1, 2, 3, 5]
+    assert [(i.resource, i.mode) for i in mgr.locks()] == [(("orders",), X)]
+    with pytest.raises(LockUsageError, match="already in index"):
+        owner.insert(idx, 5)
+    with pytest.raises(LockTimeout):
+        other.lock_range(idx, 1, 9, S, timeout=0)
+
+
 def test_snapshot_and_waits_for_show_range_locks(mgr: LockManager) -> None:
     idx = index_of(mgr)
     a, b = mgr.begin(), mgr.begin()
@@ -260,3 +274,61 @@ def test_a_range_deadlock_is_detected_like_any_other(mgr: LockManager) -> None:
     wa.join()
     assert idx.keys() == [10, 12, 20, 30]
     assert mgr.stats().deadlocks == 1
+
+
+def test_strict_and_metadata_rules_apply_to_range_locks() -> None:
+    strict = LockManager(strict=True)
+    idx = strict.index("pk", table=("orders",), keys=[1])
+    txn = strict.begin()
+    with pytest.raises(LockUsageError, match=r"strict mode: lock \('orders',\) in IS"):
+        txn.lock_key(idx, 1, NK, S)
+    txn.lock(("orders",), IS)
+    assert txn.lock_key(idx, 1, NK, S).value == "S next-key"
+
+    meta = LockManager(metadata_locks=True)
+    idx = meta.index("pk", table=("orders",), keys=[1])
+    txn = meta.begin()
+    txn.insert(meta.index("pk"), 2)
+    assert txn.held_metadata("orders") is S
+    assert [(i.kind, i.resource) for i in meta.locks()] == [
+        ("metadata", ("orders",)),
+        ("data", ("orders",)),
+        ("range", ("pk", 2)),
+    ]
+
+
+def test_range_locks_escalate_with_the_rows_of_their_table() -> None:
+    mgr = LockManager(escalation_threshold=10)
+    idx = mgr.index("pk", table=("t",), keys=range(20))
+    reader, writer = mgr.begin(), mgr.begin()
+    assert reader.lock_range(idx, 0, 8, S) == list(range(9))  # 10 locks: not more than 10
+    assert mgr.stats().escalations == 0
+    reader.lock_range(idx, 9, 9, S)  # 11: the scan ends, then the table lock replaces them
+    assert [(i.resource, i.mode) for i in mgr.locks()] == [(("t",), S)]
+    with pytest.raises(LockTimeout):
+        writer.insert(idx, 100, timeout=0)  # IX on the table waits for S
+    reader.release_all()
+    writer.lock_key(idx, 1, REC, X)
+    for key in range(2, 12):
+        writer.lock_key(idx, key, REC, S)
+    assert [(i.resource, i.mode) for i in mgr.locks()] == [(("t",), X)]  # one key written
+
+
+def test_a_cancelled_range_scan_gives_back_what_it_took(mgr: LockManager) -> None:
+    idx = index_of(mgr)
+    scanner, writer = mgr.begin(), mgr.begin()
+    writer.lock_key(idx, 20, REC, X)
+
+    async def main() -> None:
+        task = asyncio.create_task(scanner.lock_range_async(idx, 10, 30, S, timeout=5))
+        while scanner.waiting_request is None:
+            await asyncio.sleep(0)
+        assert scanner.held_key(idx, 10) is RangeMode.of(NK, S)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        writer.release_all()
+        assert await scanner.lock_range_async(idx, 10, 30, S, timeout=0) == [10, 20, 30]
+
+    asyncio.run(main())
+    assert {i.owner for i in mgr.locks()} == {scanner.id}

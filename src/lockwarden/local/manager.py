@@ -237,7 +237,7 @@ class LockManager:
             index = self._indexes.get(name)
             if index is None:
                 index = self._indexes[name] = Index(self, name, table, keys)
-            elif index.table != table or keys != ():
+            elif (table is not None and table != index.table) or keys != ():
                 raise LockUsageError(
                     f"index {name!r} exists (table {index.table!r}); call mgr.index({name!r}) "
                     f"without a table or keys to get it, or choose another name"
@@ -655,13 +655,14 @@ class Txn:
         reads or locks it before this txn ends. Raises `LockUsageError` if the
         key is there already (also if it arrived while this call waited).
         """
-        call = self._insert_call(index, key, timeout, None)
+        call = self._insert_call(index, key, timeout=timeout, loop=None)
         if isinstance(call, _Call):
             self._drive(call)
 
     async def insert_async(self, index: Index, key: Any, timeout: float | None = None) -> None:
         """`insert` for asyncio."""
-        call = self._insert_call(index, key, timeout, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        call = self._insert_call(index, key, timeout=timeout, loop=loop)
         if isinstance(call, _Call):
             await self._drive_async(call)
 
@@ -721,6 +722,7 @@ class Txn:
         self,
         index: Index,
         key: Any,
+        *,
         timeout: float | None,
         loop: asyncio.AbstractEventLoop | None,
     ) -> _Call | Mode:

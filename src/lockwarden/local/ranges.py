@@ -243,9 +243,9 @@ class RangeQueue(Queue[RangeMode]):
 
     The grant rule and the walk are the base class's: with one-way
     ``conflicts`` masks they already apply R2, including "no request is
-    queued ahead of a waiting one". What differs is that no waiting mode
-    blocks every other (a gap request waits for nothing), so the walk never
-    stops early.
+    queued ahead of a waiting one". What differs: no waiting mode blocks
+    every other (a gap request waits for nothing), so the walk never stops
+    early; and granting an insert's intention makes the insert.
     """
 
     __slots__ = ()
