@@ -354,3 +354,24 @@ def test_a_failed_insert_gives_back_an_intention_held_before_it(mgr: LockManager
     assert err.value.blockers == (gap.id,)
     assert ins.held_key(idx, 20) is RangeMode.of(II, X)
     assert on(mgr, 20) == {(ins.id, "insert-intention", True), (gap.id, "gap", True)}
+
+
+def test_a_failed_insert_merges_what_it_gave_back_with_what_a_removal_moved(
+    mgr: LockManager,
+) -> None:
+    """The insert gives back its own intention on the supremum and asks afresh; a removal
+    then moves its gap lock there; on timeout it holds both, as one lock."""
+    idx = keys(mgr, 5)
+    other, ins = mgr.begin(), mgr.begin()
+    ins.lock_key(idx, SUPREMUM, II, X)  # held before the call
+    ins.lock_key(idx, 5, GAP, S)
+    other.lock_key(idx, SUPREMUM, GAP, S)  # a gap lock waits for no intention
+    wait = Attempt(ins, ins.insert, idx, 15, timeout=0.3).queued()  # waits for `other`
+    idx.remove(5)  # ins's gap lock on 5 goes to the supremum, into its waiting request
+    with pytest.raises(LockTimeout):
+        wait.join()
+    assert on(mgr, SUPREMUM) == {(other.id, "gap", True), (ins.id, "gap+insert-intention", True)}
+    assert ins.held_key(idx, SUPREMUM) is RangeMode.of(GAP, S).join(RangeMode.of(II, X))
+    ins.release_all()
+    other.release_all()
+    assert mgr.locks() == []

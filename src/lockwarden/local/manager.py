@@ -379,13 +379,21 @@ class LockManager:
         For a call giving back what it took (undo, and the insert intention
         once the insert is done), never while `req` waits. A request the
         call had released (an insert gives back even an intention held
-        before it) goes back into its queue, made again if need be.
+        before it) goes back into its queue, made again if need be — or, if
+        its owner has a request on that key again (a removal moved one
+        there), into that one: one request per owner and key (L3).
         """
         queue = req.in_queue
         if req.mode is None:
-            queue = req.queue = self._queue_for(queue.kind, queue.key)
-            queue.add_granted(req, mode)
-            req.owner._adopt(req)
+            current = req.owner._books(queue.kind).get(queue.key)
+            if current is not None:
+                assert current.mode is not None and current.wanted is None
+                queue = current.in_queue
+                queue.add_granted(current, current.mode.join(mode))
+            else:
+                queue = req.queue = self._queue_for(queue.kind, queue.key)
+                queue.add_granted(req, mode)
+                req.owner._adopt(req)
         elif mode is None:
             queue.remove_granted(req)
             req.owner._forget(req, granted=True)
@@ -1202,11 +1210,20 @@ class _Call:
         return error
 
     def _rollback(self) -> None:
-        """Give back what this call acquired, newest first."""
+        """Give back what this call acquired, newest first.
+
+        Requests still held first, then those the call released that held
+        something before it: these join whatever their owner holds on the
+        key by then, which the first pass has already restored.
+        """
         mgr = self.txn._mgr
         self.txn._call = None
-        for req, before in reversed(self.undo.items()):
-            if req.mode is not None or before is not None:  # else: refused while new
+        entries = list(reversed(self.undo.items()))
+        for req, before in entries:
+            if req.mode is not None:
+                mgr._set_held(req, before)
+        for req, before in entries:
+            if req.mode is None and before is not None:
                 mgr._set_held(req, before)
         self.undo.clear()
 
