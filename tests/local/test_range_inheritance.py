@@ -343,8 +343,10 @@ def test_inherited_gap_locks_can_close_a_cycle_without_a_new_wait(mgr: LockManag
     assert wb.join().value == "S record"
 
 
-def test_a_failed_insert_gives_back_an_intention_held_before_it(mgr: LockManager) -> None:
-    """The insert gives back the txn's own intention on 20 to ask afresh, then times out."""
+def test_an_insert_consumes_an_intention_held_before_it_even_if_it_fails(
+    mgr: LockManager,
+) -> None:
+    """It gives its own intention on 20 back to ask afresh (and wait), then times out."""
     idx = keys(mgr)
     ins, gap = mgr.begin(), mgr.begin()
     ins.lock_key(idx, 20, II, X)
@@ -352,26 +354,23 @@ def test_a_failed_insert_gives_back_an_intention_held_before_it(mgr: LockManager
     with pytest.raises(LockTimeout) as err:
         ins.insert(idx, 15, timeout=0.05)
     assert err.value.blockers == (gap.id,)
-    assert ins.held_key(idx, 20) is RangeMode.of(II, X)
-    assert on(mgr, 20) == {(ins.id, "insert-intention", True), (gap.id, "gap", True)}
+    assert ins.held_key(idx, 20) is None
+    assert on(mgr, 20) == {(gap.id, "gap", True)}
 
 
-def test_a_failed_insert_merges_what_it_gave_back_with_what_a_removal_moved(
-    mgr: LockManager,
-) -> None:
-    """The insert gives back its own intention on the supremum and asks afresh; a removal
-    then moves its gap lock there; on timeout it holds both, as one lock."""
+def test_a_failed_insert_keeps_what_a_removal_moved_into_its_request(mgr: LockManager) -> None:
+    """The insert waits on the supremum; a removal moves its gap lock on 5 into that request;
+    on timeout the gap lock stays (it was held before the call), the intention goes."""
     idx = keys(mgr, 5)
     other, ins = mgr.begin(), mgr.begin()
-    ins.lock_key(idx, SUPREMUM, II, X)  # held before the call
+    ins.lock_key(idx, SUPREMUM, II, X)  # held before the call: the insert's
     ins.lock_key(idx, 5, GAP, S)
     other.lock_key(idx, SUPREMUM, GAP, S)  # a gap lock waits for no intention
     wait = Attempt(ins, ins.insert, idx, 15, timeout=0.3).queued()  # waits for `other`
-    idx.remove(5)  # ins's gap lock on 5 goes to the supremum, into its waiting request
+    idx.remove(5)
     with pytest.raises(LockTimeout):
         wait.join()
-    assert on(mgr, SUPREMUM) == {(other.id, "gap", True), (ins.id, "gap+insert-intention", True)}
-    assert ins.held_key(idx, SUPREMUM) is RangeMode.of(GAP, S).join(RangeMode.of(II, X))
+    assert on(mgr, SUPREMUM) == {(other.id, "gap", True), (ins.id, "gap", True)}
     ins.release_all()
     other.release_all()
     assert mgr.locks() == []

@@ -231,10 +231,9 @@ class Model:
         old = self.queues.pop(key, None)
         for call in self.calls.values():
             if call.outcome is None and key in call.before:
-                moved = handed_on(call.before.pop(key))
-                call.before[heir] = join(call.before.get(heir), moved)  # type: ignore[assignment]
-                if call.before[heir] is None:
-                    del call.before[heir]
+                merged = join(call.before.get(heir), handed_on(call.before.pop(key)))
+                if merged is not None:
+                    call.before[heir] = merged
         if old is None:
             return
         q = self.queue(heir)
@@ -306,8 +305,12 @@ class Model:
         if not call.inserted:
             call.inserted = self.try_insert(owner, call.asked)
         mine = self.held(owner).get(holder)
-        if mine is not None and mine[2]:
+        if mine is not None and mine[2]:  # given back, also if the txn had it before the call
             self.set_held(owner, holder, without_insert(mine))
+            earlier = call.before.pop(holder, None)
+            kept = without_insert(earlier) if earlier is not None else None
+            if kept is not None:
+                call.before[holder] = kept
         call.holder = None
         if call.inserted:
             call.outcome = "ok"

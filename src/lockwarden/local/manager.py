@@ -374,27 +374,13 @@ class LockManager:
             del self._tables[queue.kind][queue.key]
 
     def _set_held(self, req: Request[Any], mode: Any) -> None:
-        """Make `req` hold `mode` instead (None: release it), then re-examine its queue.
+        """Make a granted request hold `mode` instead (None: release it), then re-examine its queue.
 
         For a call giving back what it took (undo, and the insert intention
-        once the insert is done), never while `req` waits. A request the
-        call had released (an insert gives back even an intention held
-        before it) goes back into its queue, made again if need be — or, if
-        its owner has a request on that key again (a removal moved one
-        there), into that one: one request per owner and key (L3).
+        once the insert is done). Not for `req` while it waits.
         """
         queue = req.in_queue
-        if req.mode is None:
-            current = req.owner._books(queue.kind).get(queue.key)
-            if current is not None:
-                assert current.mode is not None and current.wanted is None
-                queue = current.in_queue
-                queue.add_granted(current, current.mode.join(mode))
-            else:
-                queue = req.queue = self._queue_for(queue.kind, queue.key)
-                queue.add_granted(req, mode)
-                req.owner._adopt(req)
-        elif mode is None:
+        if mode is None:
             queue.remove_granted(req)
             req.owner._forget(req, granted=True)
         else:
@@ -661,7 +647,10 @@ class Txn:
         copied to it, since its gap was split in two. The txn then holds an
         X record lock on the new key (what InnoDB keeps implicit), so nobody
         reads or locks it before this txn ends. Raises `LockUsageError` if the
-        key is there already (also if it arrived while this call waited).
+        key is there already (also if it arrived while this call waited);
+        `LockTimeout` or `Deadlock` like any lock call. The intention is given
+        back when the insert is done or fails — one this txn took itself on
+        that key beforehand too (see README.md, "Range locks").
         """
         call = self._insert_call(index, key, timeout=timeout, loop=None)
         if isinstance(call, _Call):
@@ -1199,32 +1188,20 @@ class _Call:
             self.txn.waiting_request = None
             self._rollback()
 
-    def give_back(self, req: Request[Any], mode: Any) -> None:
-        """Let a step's request hold less (`mode`; None: nothing), as undo would restore it."""
-        self.undo.setdefault(req, req.mode)
-        self.txn._mgr._set_held(req, mode)
-
     def _failed(self, error: BaseException) -> BaseException:
         self.txn.waiting_request = None
         self._rollback()
         return error
 
     def _rollback(self) -> None:
-        """Give back what this call acquired, newest first.
-
-        Requests still held first, then those the call released that held
-        something before it: these join whatever their owner holds on the
-        key by then, which the first pass has already restored.
-        """
+        """Give back what this call acquired, newest first."""
         mgr = self.txn._mgr
         self.txn._call = None
-        entries = list(reversed(self.undo.items()))
-        for req, before in entries:
+        for req, before in reversed(self.undo.items()):
             if req.mode is not None:
                 mgr._set_held(req, before)
-        for req, before in entries:
-            if req.mode is None and before is not None:
-                mgr._set_held(req, before)
+            else:  # refused while new, or an insert intention given back: nothing held before
+                assert before is None
         self.undo.clear()
 
     def _timeout(self, req: Request[Any], mode: Any) -> LockTimeout:

@@ -448,9 +448,13 @@ def insert_steps(txn: Txn, index: Index, key: Any) -> Iterator[Step]:
     send the insert back to wait — again and again, for a transaction that
     retries faster than the inserter wakes up. If the gap changed while the
     call waited, the grant does not insert, and the call asks again on the
-    key above it now. Once the key is in, the intention has done its job and
-    is given back: it protects nothing, and keeping it would make a later
-    request of this owner on that key wait for gap locks.
+    key above it now.
+
+    Each time, the intention is given back: it protects nothing, and kept it
+    would make a later request of this owner on that key wait for gap locks
+    (and a new one could not wait: it would be covered). An intention the
+    txn held on that key before the call is the insert's as well: given
+    back, and not restored if the call fails.
     """
     call = txn._call
     assert call is not None
@@ -463,10 +467,20 @@ def insert_steps(txn: Txn, index: Index, key: Any) -> Iterator[Step]:
         if not job.done:  # it held the intention already: no grant, so no insert yet
             job.done = _try_insert(txn, index, key, heir)
         if holder is not None and holder.mode is not None and holder.mode.insert_intention:
-            call.give_back(holder, holder.mode.without_insert_intention)
+            _give_back_intention(txn, holder)
         job.holder = None
         if job.done:
             return
+
+
+def _give_back_intention(txn: Txn, req: Request[RangeMode]) -> None:
+    """Drop the insert intention from `req`, and from what the call's undo would restore."""
+    call = txn._call
+    assert call is not None and req.mode is not None
+    before = call.undo.get(req)
+    if before is not None:
+        call.undo[req] = before.without_insert_intention
+    txn._mgr._set_held(req, req.mode.without_insert_intention)
 
 
 def _try_insert(txn: Txn, index: Index, key: Any, heir: Any) -> bool:
