@@ -138,6 +138,21 @@ def test_no_request_is_granted_ahead_of_a_waiter_it_would_wait_for(mgr: LockMana
     assert mgr.waits_for() == {}
 
 
+def test_a_release_grants_past_a_waiting_insert_that_blocks_nothing(mgr: LockManager) -> None:
+    """The walk does not stop at a waiter that still waits: nothing waits for an intention."""
+    idx = index_of(mgr)
+    gap, ins, writer, reader = (mgr.begin() for _ in range(4))
+    gap.lock_key(idx, 20, GAP, S)
+    writer.lock_key(idx, 20, REC, X)
+    wi = Attempt(ins, ins.lock_key, idx, 20, II, X, timeout=5).queued()  # waits for the gap
+    wr = Attempt(reader, reader.lock_key, idx, 20, REC, S, timeout=5).queued()  # for the X
+    writer.release_all()
+    assert wr.join().value == "S record"  # granted past the insert still waiting
+    assert not wi.done
+    gap.release_all()
+    assert wi.join().value == "insert-intention"
+
+
 def test_a_granted_insert_intention_makes_nobody_wait_but_waits_for_later_gap_locks(
     mgr: LockManager,
 ) -> None:
