@@ -66,6 +66,47 @@ def uncontended(n: int) -> dict[str, float]:
     return {"lockwarden_ns": ours * 1e9, "threading_lock_ns": base * 1e9, "ratio": ours / base}
 
 
+# -- range scan with next-key locks ----------------------------------------------------
+
+
+def range_scan(n: int) -> dict[str, float]:
+    """lock_range over 100 keys of a 1,000-key index, then release_all; vs 100 row locks.
+
+    A scan takes IS on the table, 100 next-key locks and the gap lock above
+    them, each through the general lock call (a step generator reading the
+    index after every grant); the floor is the same number of row locks
+    through the uncontended fast path, released the same way.
+    """
+    mgr = LockManager(escalation_threshold=None)
+    index = mgr.index("pk", table=("t",), keys=range(1000))
+    txn = mgr.begin()
+    lock_range, release_all, lock = txn.lock_range, txn.release_all, txn.lock
+    s = Mode.S
+
+    def scans(k: int) -> None:
+        for i in range(k):
+            lo = i * 100 % 900
+            lock_range(index, lo, lo + 99, s)
+            release_all()
+
+    rows = [("t", i) for i in range(101)]
+
+    def row_locks(k: int) -> None:
+        for _ in range(k):
+            lock(("t",), Mode.IS)
+            for row in rows:
+                lock(row, s)
+            release_all()
+
+    ours, base = best_per_op(scans, n), best_per_op(row_locks, n)
+    return {
+        "scans_per_s": 1 / ours,
+        "scan_us": ours * 1e6,
+        "row_locks_101_us": base * 1e6,
+        "ratio": ours / base,
+    }
+
+
 # -- hand-off latency -----------------------------------------------------------------
 
 
@@ -262,6 +303,7 @@ def main() -> None:
     scale = 10 if args.quick else 1
     results = {
         "uncontended_lock_unlock": uncontended(500_000 // scale),
+        "range_scan_100": range_scan(5_000 // scale),
         "handoff": handoff(4000 // scale),
         "deadlock_detection_10k": deadlock_detection(10_000),
         "memory": memory(100_000 // scale),
@@ -271,8 +313,9 @@ def main() -> None:
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "local_manager.json").write_text(json.dumps(results, indent=2) + "\n")
-    u, h, d, m = (
+    u, r, h, d, m = (
         results["uncontended_lock_unlock"],
+        results["range_scan_100"],
         results["handoff"],
         results["deadlock_detection_10k"],
         results["memory"],
@@ -284,6 +327,13 @@ def main() -> None:
             f"threading.Lock pair {u['threading_lock_ns']:.0f} ns",
             f"{u['ratio']:.1f}x",
             "<= 15x",
+        ),
+        (
+            "next-key range scan of 100 keys + release",
+            f"{r['scan_us']:.0f} us ({r['scans_per_s']:,.0f}/s)",
+            f"101 row locks + release {r['row_locks_101_us']:.0f} us",
+            f"{r['ratio']:.1f}x",
+            "(report)",
         ),
         (
             "hand-off, release -> waiter holds (median)",

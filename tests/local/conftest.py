@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -59,6 +60,18 @@ class Attempt:
         if self.error is not None:
             raise self.error
         return self.result
+
+
+def spin(loop: asyncio.AbstractEventLoop, seconds: float = 0.0) -> None:
+    """Run `loop` until every task that can move has moved (after `seconds`, if given)."""
+
+    async def run() -> None:
+        if seconds:
+            await asyncio.sleep(seconds)
+        for _ in range(30):
+            await asyncio.sleep(0)
+
+    loop.run_until_complete(run())
 
 
 @pytest.fixture

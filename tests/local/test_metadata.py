@@ -107,3 +107,16 @@ def test_exclusive_metadata_locks_wait_like_ddl() -> None:
     with pytest.raises(LockTimeout) as err:
         b.lock_metadata("t", S)
     assert err.value.timeout == 0.02
+
+
+def test_a_metadata_lock_is_no_data_lock_s_child() -> None:
+    """A table named by a tuple: its metadata lock does not count under the table named by
+    that tuple's first part."""
+    mgr = make()
+    txn = mgr.begin()
+    txn.lock(("a",), IX)
+    txn.lock((("a", "b"), 1), X)  # metadata S on ("a", "b"), then IX and X
+    txn.unlock((("a", "b"), 1))
+    txn.unlock((("a", "b"),))
+    txn.unlock(("a",))  # nothing is under it
+    assert txn.held(("a",)) is None

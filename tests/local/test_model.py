@@ -29,6 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from lockwarden import Deadlock, LockManager, LockTimeout, LockUsageError, Mode
 from lockwarden.local import Txn
+from tests.local.conftest import spin
 
 OWNERS = 4
 RESOURCES: list[tuple[Hashable, ...]] = [("a",), ("b",), ("a", 1), ("a", 2), ("b", 1)]
@@ -54,14 +55,7 @@ class LockTableMachine(RuleBasedStateMachine):
 
     def settle(self, seconds: float = 0.0) -> None:
         """Run the loop until every task that can move has moved."""
-
-        async def spin() -> None:
-            if seconds:
-                await asyncio.sleep(seconds)
-            for _ in range(20):
-                await asyncio.sleep(0)
-
-        self.loop.run_until_complete(spin())
+        spin(self.loop, seconds)
         for i, task in list(self.pending.items()):
             if task.done():
                 del self.pending[i]

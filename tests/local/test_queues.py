@@ -188,3 +188,13 @@ def test_stats_count_grants_waits_timeouts(mgr: LockManager) -> None:
     stats = mgr.stats()
     assert (stats.grants, stats.waits, stats.timeouts) == (3, 1, 1)
     assert stats.wait_time >= 0.02
+
+
+def test_wait_time_counts_waits_that_end_in_a_grant(mgr: LockManager) -> None:
+    holder, waiter = mgr.begin(), mgr.begin()
+    holder.lock(ROW, X)
+    a = Attempt(waiter, waiter.lock, ROW, X, timeout=5).queued()
+    time.sleep(0.03)
+    holder.unlock(ROW)
+    a.join()
+    assert mgr.stats().wait_time >= 0.03

@@ -32,7 +32,7 @@ retries, rather than the manager spending unbounded time under its mutex.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lockwarden.local._queue import Queue, Request
 
@@ -54,9 +54,9 @@ class _Edges:
         self.ahead_done: dict[tuple[int, object], int] = {}
         self.positions: dict[int, dict[int, int]] = {}
 
-    def of(self, req: Request) -> list[Txn]:
+    def of(self, req: Request[Any]) -> list[Txn]:
         """Owners `req` waits for that this search has not been shown yet, in queue order."""
-        queue: Queue = req.queue  # type: ignore[assignment]
+        queue: Queue[Any] = req.queue  # type: ignore[assignment]
         mode = req.wanted
         owner = req.owner
         granted = queue.granted
@@ -64,12 +64,12 @@ class _Edges:
         out: list[Txn] = []
         if len(granted) + len(waiting) <= _SMALL:
             for held in granted.values():
-                if held.owner is not owner and queue.blocks(held.mode, mode):  # type: ignore[arg-type]
+                if held.owner is not owner and queue.blocks(held.mode, mode):
                     out.append(held.owner)
             for ahead in waiting:
                 if ahead is req:
                     break
-                if ahead.owner is not owner and queue.blocks(ahead.wanted, mode):  # type: ignore[arg-type]
+                if ahead.owner is not owner and queue.blocks(ahead.wanted, mode):
                     out.append(ahead.owner)
             return out
         requester = self.requester
@@ -78,7 +78,7 @@ class _Edges:
         if saw_requester is None:
             saw_requester = False
             for held in granted.values():
-                if queue.blocks(held.mode, mode):  # type: ignore[arg-type]
+                if queue.blocks(held.mode, mode):
                     if held.owner is requester:
                         saw_requester = True
                     if held.owner is not owner:
@@ -94,11 +94,11 @@ class _Edges:
             self.ahead_done[key] = end
             for i in range(start, end):
                 ahead = waiting[i]
-                if ahead.owner is not owner and queue.blocks(ahead.wanted, mode):  # type: ignore[arg-type]
+                if ahead.owner is not owner and queue.blocks(ahead.wanted, mode):
                     out.append(ahead.owner)
         return out
 
-    def _position(self, queue: Queue, req: Request) -> int:
+    def _position(self, queue: Queue[Any], req: Request[Any]) -> int:
         index = self.positions.get(id(queue))
         if index is None:
             index = {id(w): i for i, w in enumerate(queue.waiting)}

@@ -1,10 +1,11 @@
 """One resource's lock queue and the requests in it.
 
 The grant rule lives here, once, for every kind of queue (see README.md,
-"Queues"): a request is granted when it is compatible with every granted lock
-of other owners and with every request waiting ahead of it. Subclasses change
-only *where* a new request is placed (metadata locks) and *what* conflicts
-(range locks); the walk that grants waiters is shared.
+"The grant rule"): a request is granted when no granted lock of another owner
+and no request waiting ahead of it makes it wait. Subclasses change only
+*where* a new request is placed (metadata locks) and *what* conflicts (range
+locks, whose modes are not the five of `Mode`); the walk that grants waiters
+is shared.
 
 Everything here runs under the manager's mutex.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Iterator
 from time import monotonic as _monotonic
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeVar
 
 from lockwarden.modes import Mode
 
@@ -22,10 +23,35 @@ if TYPE_CHECKING:
     from lockwarden.local.manager import Txn
 
 _X_BIT = Mode.X.bit
-_SOLE = [[1 if i == j else 0 for j in range(5)] for i in range(5)]
 
 
-class Request:
+class LockMode(Protocol):
+    """What a queue needs of a mode: `Mode`, and the range-lock modes of ``ranges.py``.
+
+    ``conflicts`` is the mask of the modes that make a request for this one
+    wait when another owner holds them (or waits for them ahead of it). For
+    `Mode` the relation is symmetric; for range locks it is not (an insert
+    waits for a gap lock, a gap lock never waits for an insert).
+    """
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def bit(self) -> int: ...
+    @property
+    def conflicts(self) -> int: ...
+    @property
+    def value(self) -> str: ...
+    @property
+    def parent_intention(self) -> Mode: ...
+    def join(self, other: Self, /) -> Self: ...
+    def covers(self, other: Self, /) -> bool: ...
+
+
+M = TypeVar("M", bound=LockMode)
+
+
+class Request(Generic[M]):
     """An owner's lock on one resource: granted, waiting, or granted and waiting to upgrade.
 
     An owner has at most one Request per queue (rule L3). A new request waits
@@ -49,10 +75,10 @@ class Request:
     def __init__(
         self,
         owner: Txn,
-        queue: Queue | None,
-        mode: Mode | None,
-        wanted: Mode | None,
-        parent: Request | None = None,
+        queue: Queue[M] | None,
+        mode: M | None,
+        wanted: M | None,
+        parent: Request[Mode] | None = None,
     ) -> None:
         self.owner = owner
         self.queue = queue
@@ -61,9 +87,11 @@ class Request:
         self.wanted = wanted
         self.since = _monotonic()
         self.parent = parent
-        """The owner's request on the parent resource, once this one is granted and counted."""
+        """The owner's request on the parent resource (for a range lock: on the index's table),
+        once this one is granted and counted in its `children`."""
         self.children = 0
-        """Locks this owner holds on direct children of this resource (unlock and escalation)."""
+        """Locks this owner holds on direct children of this resource, the keys of indexes
+        on it included (unlock and escalation)."""
         # `failure`, `signal` and `wake` are set by `arm` when the request
         # starts to wait; nothing reads them before that.
         self.failure: BaseException | None
@@ -73,7 +101,7 @@ class Request:
         self.wake: Callable[[], object]
 
     @property
-    def in_queue(self) -> Queue:
+    def in_queue(self) -> Queue[M]:
         """The queue of a request known not to be solo (waiting, or made by the general path)."""
         assert self.queue is not None, "a solo lock has no queue"
         return self.queue
@@ -84,7 +112,7 @@ class Request:
         self.wake = wake
 
 
-class Queue:
+class Queue(Generic[M]):
     """Granted requests (by owner id) and waiting requests (in grant order) of one resource.
 
     ``counts[i]`` is how many owners hold the mode with index i, and ``mask``
@@ -95,46 +123,47 @@ class Queue:
     __slots__ = ("counts", "granted", "key", "mask", "waiting")
 
     kind = "data"
+    """Which lock table and which books of a txn the queue belongs to: data, metadata, range."""
+    width = 5
+    """How many modes there are (the length of `counts`)."""
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
-        self.granted: dict[int, Request] = {}
-        self.waiting: list[Request] = []
-        self.counts = [0, 0, 0, 0, 0]
+        self.granted: dict[int, Request[M]] = {}
+        self.waiting: list[Request[M]] = []
+        self.counts = [0] * self.width
         self.mask = 0
 
-    @classmethod
-    def granted_to(cls, key: Hashable, req: Request) -> Queue:
-        """A new queue whose only lock is `req` (its mode already set): the uncontended case."""
-        mode = req.mode
-        assert mode is not None
-        queue = cls.__new__(cls)
-        queue.key = key
-        queue.granted = {req.owner.id: req}
-        queue.waiting = []
-        queue.counts = _SOLE[mode.index].copy()
-        queue.mask = mode.bit
-        return queue
+    @property
+    def resource(self) -> Hashable:
+        """The locked thing as messages and snapshots show it."""
+        return self.key
+
+    @property
+    def parent_key(self) -> Hashable | None:
+        """The resource whose request counts this queue's granted locks among its `children`."""
+        key = self.key
+        return key[:-1] if type(key) is tuple and len(key) > 1 else None
 
     # -- conflicts ---------------------------------------------------------
 
-    def _mask_of_others(self, req: Request) -> int:
+    def _mask_of_others(self, req: Request[M]) -> int:
         """Bits of the modes granted to owners other than req's."""
         own = req.mode
         if own is not None and self.counts[own.index] == 1:
             return self.mask & ~own.bit
         return self.mask
 
-    def blocked_by_granted(self, req: Request, mode: Mode) -> bool:
+    def blocked_by_granted(self, req: Request[M], mode: M) -> bool:
         return bool(mode.conflicts & self._mask_of_others(req))
 
-    def blocks(self, held: Mode, wanted: Mode) -> bool:
+    def blocks(self, held: M, wanted: M) -> bool:
         """Whether a lock in `held` (granted or ahead) of another owner makes `wanted` wait."""
-        return bool(held.conflicts & wanted.bit)
+        return bool(wanted.conflicts & held.bit)
 
     # -- placement -----------------------------------------------------------
 
-    def position_for(self, req: Request, mode: Mode) -> int:
+    def position_for(self, req: Request[M], mode: M) -> int:
         """Where a waiting request for `mode` goes: upgrades after earlier upgrades, others last.
 
         An upgrade goes ahead of every ordinary waiter (rule L5) because its
@@ -150,7 +179,7 @@ class Queue:
             pos += 1
         return pos
 
-    def blocked_on_arrival(self, req: Request, mode: Mode) -> bool:
+    def blocked_on_arrival(self, req: Request[M], mode: M) -> bool:
         """The grant rule for a request that is not queued yet."""
         if self.blocked_by_granted(req, mode):
             return True
@@ -162,43 +191,45 @@ class Queue:
                 return True
         return False
 
-    def enqueue(self, req: Request, mode: Mode) -> None:
+    def enqueue(self, req: Request[M], mode: M) -> None:
         self.waiting.insert(self.position_for(req, mode), req)
         req.wanted = mode
         req.since = time.monotonic()
 
     # -- granting and releasing ---------------------------------------------
 
-    def add_granted(self, req: Request, mode: Mode) -> None:
-        """Record `req` as holding `mode` (a new grant, an upgrade or a downgrade)."""
+    def add_granted(self, req: Request[M], mode: M) -> None:
+        """Make `req` hold `mode` and wait for nothing (a grant, an upgrade, a downgrade)."""
+        self.set_granted(req, mode)
+        req.wanted = None
+        req.since = time.monotonic()
+
+    def remove_granted(self, req: Request[M]) -> None:
+        assert req.mode is not None
+        self.set_granted(req, None)
+
+    def set_granted(self, req: Request[M], mode: M | None) -> None:
+        """Make `req` hold `mode` (None: nothing), leaving whatever it waits for as it is."""
         old = req.mode
         counts = self.counts
         if old is not None:
             counts[old.index] -= 1
             if not counts[old.index]:
                 self.mask &= ~old.bit
-        else:
+            if mode is None:
+                del self.granted[req.owner.id]
+        elif mode is not None:
             self.granted[req.owner.id] = req
-        counts[mode.index] += 1
-        self.mask |= mode.bit
+        if mode is not None:
+            counts[mode.index] += 1
+            self.mask |= mode.bit
         req.mode = mode
-        req.wanted = None
-        req.since = time.monotonic()
 
-    def remove_granted(self, req: Request) -> None:
-        mode = req.mode
-        assert mode is not None
-        del self.granted[req.owner.id]
-        self.counts[mode.index] -= 1
-        if not self.counts[mode.index]:
-            self.mask &= ~mode.bit
-        req.mode = None
-
-    def remove_waiting(self, req: Request) -> None:
+    def remove_waiting(self, req: Request[M]) -> None:
         self.waiting.remove(req)
         req.wanted = None
 
-    def grant_waiters(self) -> list[Request]:
+    def grant_waiters(self) -> list[tuple[Request[M], float]]:
         """Grant, in queue order, every waiter that the grant rule allows now.
 
         A waiter passes if it is compatible with the granted locks of others
@@ -207,9 +238,10 @@ class Queue:
         a summary of the waiters it passed over (`_ahead_*`: a mask of modes
         here; what conflicts is the only thing a subclass changes) and stops
         once nothing behind them could pass. The granted requests are
-        returned; the caller wakes them.
+        returned, each with the time it started waiting (a grant resets
+        `since`); the caller wakes them.
         """
-        granted: list[Request] = []
+        granted: list[tuple[Request[M], float]] = []
         ahead = self._ahead_start()
         waiting = self.waiting
         i = 0
@@ -219,9 +251,9 @@ class Queue:
             assert mode is not None
             if not self._ahead_blocks(ahead, mode) and not self.blocked_by_granted(req, mode):
                 del waiting[i]
+                granted.append((req, req.since))
                 self.add_granted(req, mode)
                 self.granted_one(req)
-                granted.append(req)
                 continue
             ahead = self._ahead_add(ahead, mode)
             if self._ahead_blocks_all(ahead):
@@ -234,21 +266,21 @@ class Queue:
     def _ahead_start(self) -> Any:
         return 0
 
-    def _ahead_add(self, ahead: Any, mode: Mode) -> Any:
+    def _ahead_add(self, ahead: Any, mode: M) -> Any:
         return ahead | mode.bit
 
-    def _ahead_blocks(self, ahead: Any, mode: Mode) -> bool:
+    def _ahead_blocks(self, ahead: Any, mode: M) -> bool:
         return bool(mode.conflicts & ahead)
 
     def _ahead_blocks_all(self, ahead: Any) -> bool:
         return bool(ahead & _X_BIT)  # X waits ahead: nothing is compatible with it
 
-    def granted_one(self, req: Request) -> None:
-        """Hook for queues that keep grant history (metadata locks)."""
+    def granted_one(self, req: Request[M]) -> None:
+        """Hook run at each grant: metadata locks keep their history, a range lock can insert."""
 
     # -- introspection -------------------------------------------------------
 
-    def blockers(self, req: Request) -> Iterator[Request]:
+    def blockers(self, req: Request[M]) -> Iterator[Request[M]]:
         """The requests of other owners that `req` (waiting) waits for: its waits-for edges."""
         mode = req.wanted
         assert mode is not None
@@ -267,7 +299,7 @@ class Queue:
         return not self.granted and not self.waiting
 
 
-class MetadataQueue(Queue):
+class MetadataQueue(Queue[Mode]):
     """A table's metadata lock: S for statements that use the table, X for DDL (rule L8).
 
     Exclusive requests go ahead of waiting shared ones, so a DDL statement is
@@ -286,7 +318,12 @@ class MetadataQueue(Queue):
         self.streak = 0
         self.streak_limit = streak_limit
 
-    def position_for(self, req: Request, mode: Mode) -> int:
+    @property
+    def parent_key(self) -> None:
+        """A metadata lock is nobody's child, whatever its table's name looks like."""
+        return None
+
+    def position_for(self, req: Request[Mode], mode: Mode) -> int:
         pos = super().position_for(req, mode)
         if mode is not Mode.X or req.mode is not None or self.streak >= self.streak_limit:
             return pos
@@ -295,7 +332,7 @@ class MetadataQueue(Queue):
                 return i
         return pos
 
-    def granted_one(self, req: Request) -> None:
+    def granted_one(self, req: Request[Mode]) -> None:
         if req.mode is Mode.S:
             self.streak = 0
             return
@@ -307,5 +344,5 @@ class MetadataQueue(Queue):
                 self.waiting.sort(key=_shared_first)
 
 
-def _shared_first(w: Request) -> int:
+def _shared_first(w: Request[Mode]) -> int:
     return 0 if w.mode is not None else 1 if w.wanted is Mode.S else 2
