@@ -7,6 +7,8 @@ detection, for threads and asyncio tasks. Across processes and hosts,
 heartbeats and fencing tokens.
 """
 
+from typing import TYPE_CHECKING
+
 from lockwarden.errors import (
     Deadlock,
     HeldTooLong,
@@ -19,9 +21,11 @@ from lockwarden.errors import (
     NotHeld,
     StoreError,
 )
-from lockwarden.local import LockManager
 from lockwarden.modes import Mode
-from lockwarden.store import connect
+
+if TYPE_CHECKING:
+    from lockwarden.local import LockManager
+    from lockwarden.store import connect
 
 __version__ = "0.1.0"
 
@@ -41,3 +45,20 @@ __all__ = [
     "__version__",
     "connect",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """Load the lock manager or the store on first use (PEP 562).
+
+    A program, or `lockwarden run`, that uses one of the two engines does not
+    pay the import time of the other.
+    """
+    if name == "LockManager":
+        from lockwarden.local import LockManager  # noqa: PLC0415
+
+        return LockManager
+    if name == "connect":
+        from lockwarden.store import connect  # noqa: PLC0415
+
+        return connect
+    raise AttributeError(f"module 'lockwarden' has no attribute {name!r}")
