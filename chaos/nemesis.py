@@ -24,6 +24,7 @@ is the one that tests fencing and the recovery of a dead holder's locks.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -178,23 +179,23 @@ class Nemesis(threading.Thread):
 
     def kill_writer(self) -> None:
         """SIGKILL a worker frozen while it holds SQLite's write lock."""
-        shm = os.stat(parse_url(self.config.url).target + "-shm")
-        lock_file = f"{os.major(shm.st_dev):02x}:{os.minor(shm.st_dev):02x}:{shm.st_ino}"
+        shm = parse_url(self.config.url).target + "-shm"
         for probe in range(1, WRITER_PROBES + 1):
             if self.stopping.is_set() or (victim := self._victim()) is None:
                 return
             slot, pid = victim
             try:
                 os.kill(pid, signal.SIGSTOP)
-                if _frozen(pid) and _holds_write_lock(pid, lock_file):
+                if _frozen(pid) and _holds_write_lock(pid, shm):
                     self.workers.kill(slot)
                     self.history.write(
                         "fault", fault="kill-writer", slot=slot, pid=pid, probes=probe
                     )
                     return
+            except (ProcessLookupError, FileNotFoundError):  # it died, or nobody has the file open
+                pass
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                continue
             self.stopping.wait(self.rng.uniform(0, 0.01))
         self.history.write("fault", fault="kill-writer-missed", probes=WRITER_PROBES)
 
@@ -209,8 +210,14 @@ def _frozen(pid: int) -> bool:
     return False
 
 
-def _holds_write_lock(pid: int, lock_file: str) -> bool:
-    """Whether ``pid`` holds the WAL write lock (``/proc/locks`` lists POSIX locks with pids)."""
+def _holds_write_lock(pid: int, shm: str) -> bool:
+    """Whether ``pid`` holds the WAL write lock (``/proc/locks`` lists POSIX locks with pids).
+
+    The ``-shm`` file is looked up each time: SQLite deletes it when the
+    last connection closes, and the next one makes a new one.
+    """
+    found = os.stat(shm)
+    lock_file = f"{os.major(found.st_dev):02x}:{os.minor(found.st_dev):02x}:{found.st_ino}"
     for line in Path("/proc/locks").read_text().splitlines():
         fields = line.split()
         # "1: POSIX  ADVISORY  WRITE 4242 fe:00:2146468 120 120"
