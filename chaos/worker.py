@@ -95,20 +95,21 @@ class Client:
     ) -> T:
         """Record ``f`` invoked, run ``call``, record how it ended, and return or raise.
 
-        A `LockError` is a known failure ("fail"), re-raised for the caller.
-        Any other error leaves the outcome unknown ("info"): a `StoreError`
-        retires the process; anything else is a bug and ends the worker.
+        A `StoreError` (the database did not answer, or not in time) leaves
+        the outcome unknown: "info", and the process retires. Any other
+        `LockError` is a known failure ("fail"), re-raised for the caller.
+        Anything else is a bug: "info", and it ends the worker.
         """
         self._ops += 1
         op = {"process": self.process, "op": self._ops, "f": f}
         self.history.write("invoke", **op, **fields)
         try:
             value = call()
-        except LockError as exc:
-            self.history.write("fail", **op, error=type(exc).__name__, message=str(exc)[:300])
-            raise
         except Exception as exc:
-            self.history.write("info", **op, error=type(exc).__name__, message=str(exc)[:300])
+            known = isinstance(exc, LockError) and not isinstance(exc, StoreError)
+            self.history.write(
+                "fail" if known else "info", **op, error=type(exc).__name__, message=str(exc)[:300]
+            )
             if isinstance(exc, StoreError):
                 raise Retire(f"{f}: {exc}") from exc
             raise
