@@ -70,6 +70,21 @@ def test_messages_never_show_the_password() -> None:
     assert "hunter2" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite://me:hunter2@db.example/locks.db",  # a PostgreSQL URL with the wrong scheme
+        "sqlite:///locks.db?password=hunter2",
+        "sqlite://me:hunter2@db.example/",
+    ],
+)
+def test_sqlite_url_messages_never_show_the_password(url: str) -> None:
+    """Found by the fuzz: the SQLite refusals quoted the URL (or its query) as given."""
+    with pytest.raises(LockUsageError) as caught:
+        parse_url(url)
+    assert "hunter2" not in str(caught.value)
+
+
 def test_connect_refuses_bad_options_before_connecting(tmp_path: object) -> None:
     with pytest.raises(LockUsageError, match="PostgreSQL only"):
         lockwarden.connect("sqlite:///never.db", durability="relaxed")
