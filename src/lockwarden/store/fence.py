@@ -61,8 +61,7 @@ class Fence:
         return (rows[0]["token"], rows[0]["value"]) if rows else (0, None)
 
     def _advance(self, token: int, value: str | None, *, write: bool) -> str | None:
-        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise LockUsageError(f"a fencing token is an integer >= 0, got {token!r}")
+        token = validate.token(token)
         rows = self._backend.query(
             queries.FENCE_ADVANCE,
             {"resource": self.resource, "token": token, "value": value, "write": write},
