@@ -55,6 +55,9 @@ def test_accepted(url: str, backend: str, target: str, schema: str) -> None:
         ("postgresql://h/db?schema=a;drop", "not a plain identifier"),
         ("postgresql://h/db?schema=" + "x" * 53, "not a plain identifier"),
         ("postgresql://h/db?schema=a&schema=b", "more than once"),
+        # Found by the fuzz: these were plain ValueErrors from urlsplit and sqlite3.
+        ("postgresql://u:secret@[::1/db", "malformed"),
+        ("sqlite:///locks\x00.db", "NUL"),
     ],
 )
 def test_refused(url: object, message: str) -> None:

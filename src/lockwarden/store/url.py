@@ -45,7 +45,10 @@ def parse_url(url: object) -> StoreURL:
     """Split and check a store URL; raise `LockUsageError` saying what is wrong."""
     if not isinstance(url, str) or not url:
         raise LockUsageError(f"store URL must be a non-empty string like {_EXAMPLES}; got {url!r}")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # not quoted: it may hold a password we cannot find
+        raise LockUsageError(f"store URL is malformed ({exc}): use {_EXAMPLES}") from None
     scheme = parts.scheme.lower()
     if scheme == "sqlite":
         return _sqlite(url, parts.netloc, parts.path, parts.query)
@@ -73,6 +76,8 @@ def _sqlite(url: str, netloc: str, path: str, query: str) -> StoreURL:
         raise LockUsageError(
             f"SQLite URL {shown!r} names no file: write sqlite:///path/to/locks.db"
         )
+    if "\x00" in file:
+        raise LockUsageError(f"SQLite URL {shown!r} has a NUL character in its file name")
     if file == ":memory:":
         raise LockUsageError(
             "an in-memory SQLite database cannot be shared between connections or "
