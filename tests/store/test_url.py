@@ -71,6 +71,8 @@ def test_messages_never_show_the_password() -> None:
     with pytest.raises(LockUsageError) as caught:
         parse_url("postgresql://me:hunter2@db.example/locks?schema=NO")
     assert "hunter2" not in str(caught.value)
+    parsed = parse_url("postgresql://db.example/locks?sslpassword=hunter2&sslmode=require")
+    assert parsed.display == "postgresql://db.example/locks?sslmode=require"
 
 
 @pytest.mark.parametrize(
@@ -79,6 +81,8 @@ def test_messages_never_show_the_password() -> None:
         "sqlite://me:hunter2@db.example/locks.db",  # a PostgreSQL URL with the wrong scheme
         "sqlite:///locks.db?password=hunter2",
         "sqlite://me:hunter2@db.example/",
+        "sqlite:///locks.db?sslpassword=hunter2",
+        "sqlite:///locks.db??password=hunter2",
     ],
 )
 def test_sqlite_url_messages_never_show_the_password(url: str) -> None:

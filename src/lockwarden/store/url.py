@@ -105,17 +105,22 @@ def _postgres(url: str) -> StoreURL:
     return StoreURL("postgresql", target, schema, _redact(url))
 
 
+def _secret(key: str) -> bool:
+    """A parameter never shown: password, and libpq's sslpassword (or any misspelling)."""
+    return "password" in key.lower()
+
+
 def _redact(url: str) -> str:
     """The URL without its password (in the user part or as a parameter); as given otherwise."""
     parts = urlsplit(url)
     params = parse_qsl(parts.query, keep_blank_values=True)
-    if parts.password is None and all(key != "password" for key, _ in params):
+    if parts.password is None and not any(_secret(key) for key, _ in params):
         return url
     netloc = parts.netloc
     if parts.password is not None:
         user = quote(parts.username or "", safe="")
         host = netloc.rpartition("@")[2]
         netloc = f"{user}@{host}"
-    query = urlencode([(k, v) for k, v in params if k != "password"])
+    query = urlencode([(k, v) for k, v in params if not _secret(k)])
     # Written out: urlunsplit drops the "//" of an empty host for schemes it does not know.
     return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
