@@ -54,6 +54,8 @@ TTL of the death (otherwise it measures an idle name, not a recovery).
 from __future__ import annotations
 
 import argparse
+import bisect
+import itertools
 import json
 import math
 import sys
@@ -352,6 +354,8 @@ class Checker:
 
     def read_exclusion(self, name: str) -> None:
         writes = sorted(self.writes[name], key=lambda w: w.token)
+        write_tokens = [w.token for w in writes]
+        highest = list(itertools.accumulate((int(w.op.invoke["value"]) for w in writes), max))
         by_hold: dict[int, list[Access]] = defaultdict(list)
         for read in self.reads[name]:
             if read.hold.modes[name] == "read":
@@ -359,8 +363,8 @@ class Checker:
         for reads in by_hold.values():
             seen = [int(r.op.end["value"]) for r in reads if r.op.end is not None]
             token = reads[0].token
-            older = [int(w.op.invoke["value"]) for w in writes if w.token < token]
-            expected = max(older, default=0)
+            older = bisect.bisect_left(write_tokens, token)  # writes with a smaller token
+            expected = highest[older - 1] if older else 0
             allowed = {expected} | {
                 int(w.op.invoke["value"]) for w in self.unknown_writes[name] if w.token < token
             }
@@ -451,9 +455,12 @@ def liveness(h: History) -> dict[str, Any]:
     """How long a dead (killed or paused) holder kept the next requester of its locks waiting."""
     ttl = float(h.config.get("ttl", 0))
     grants: dict[str, list[Hold]] = defaultdict(list)
+    holds_of: dict[str, list[Hold]] = defaultdict(list)
     for hold in sorted(h.holds, key=lambda x: x.acquire.t1):
+        holds_of[hold.process].append(hold)
         for name in hold.tokens:
             grants[name].append(hold)
+    granted_at = {name: [g.acquire.t1 for g in found] for name, found in grants.items()}
     recoveries: list[tuple[float, dict[str, Any]]] = []
     unmeasured = 0
     for fault in h.faults:
@@ -463,16 +470,15 @@ def liveness(h: History) -> dict[str, Any]:
         ):
             continue
         died = fault["time"]
-        for hold in h.holds:
-            if hold.process != victim or not hold.start <= died <= hold.end:
+        for hold in holds_of[victim]:
+            if not hold.start <= died <= hold.end:
                 continue
             for name, mode in hold.modes.items():
+                after = bisect.bisect_right(granted_at[name], died)
                 later = (
                     g
-                    for g in grants[name]
-                    if g.acquire.t1 > died
-                    and g.process != victim
-                    and "write" in (mode, g.modes[name])
+                    for g in grants[name][after:]
+                    if g.process != victim and "write" in (mode, g.modes[name])
                 )
                 grant = next(later, None)
                 if grant is None or grant.acquire.t0 > died + ttl:
