@@ -505,15 +505,16 @@ def liveness(h: History) -> dict[str, Any]:
 def _restarts(h: History) -> list[dict[str, Any]]:
     """Each database restart: how long it took, and how long until the next grant after it."""
     out = []
-    begun = None
+    begun, wall = None, None
     for fault in h.faults:
         if fault["fault"] == "restart":
-            begun = fault["time"]
+            begun, wall = fault["time"], fault.get("wall")
         elif fault["fault"] == "restarted" and begun is not None:
             done = fault["time"]
             after = min((x.acquire.t1 for x in h.holds if x.acquire.t1 > done), default=None)
             out.append(
                 {
+                    "at": wall,
                     "seconds": _round(done - begun),
                     "returncode": fault.get("returncode"),
                     "next_grant_after": _round(None if after is None else after - done),
@@ -656,7 +657,7 @@ def report(summary: dict[str, Any]) -> str:
         )
     for restart in live["restarts"]:
         lines.append(
-            f"database restart: {restart['seconds']} s, next grant "
+            f"database restart at {restart['at']}: {restart['seconds']} s, next grant "
             f"{restart['next_grant_after']} s later"
         )
     registers = summary["registers"]

@@ -9,7 +9,8 @@ One fault at a time, a random interval apart (exponential, mean
 - ``terminate`` (PostgreSQL) — ``pg_terminate_backend`` on one worker's
   connections, or every worker's, found by their ``application_name``;
 - ``restart`` (PostgreSQL, with ``--allow-restart``) — restart the server,
-  at most once per ``restart_every`` seconds (others may share it);
+  the first time half ``restart_every`` into the run, then every
+  ``restart_every`` seconds, no more often (others may share the server);
 - ``kill-writer`` (SQLite) — SIGKILL a worker *inside* a write transaction.
   It is found by freezing a worker (SIGSTOP), and looking in ``/proc/locks``
   for its exclusive lock on byte 120 of the database's ``-shm`` file, the
@@ -104,7 +105,7 @@ class Nemesis(threading.Thread):
 
     def _next_fault(self) -> Callable[[], None]:
         due = time.monotonic() - self._last_restart >= self.config.restart_every
-        if self.config.allow_restart and due and self.rng.random() < 0.5:
+        if self.config.allow_restart and due:  # the first at half the interval, then one each
             return self.restart
         return self._faults[self.rng.choice(sorted(self._faults))]
 
@@ -171,7 +172,7 @@ class Nemesis(threading.Thread):
     def restart(self) -> None:
         """Restart the PostgreSQL server; the record says how long it took and whether it worked."""
         self._last_restart = time.monotonic()
-        self.history.write("fault", fault="restart")
+        self.history.write("fault", fault="restart", wall=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
         done = subprocess.run(pg_restart_command(), capture_output=True, text=True, check=False)
         self.history.write(
             "fault", fault="restarted", returncode=done.returncode, stderr=done.stderr[-300:]
