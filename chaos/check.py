@@ -499,7 +499,26 @@ def liveness(h: History) -> dict[str, Any]:
         "max_in_ttls": _round(max(seconds) / ttl if seconds and ttl else None),
         "worst": worst,
         "restarts": _restarts(h),
+        "longest_silence": _longest_silence(h),
     }
+
+
+def _longest_silence(h: History) -> dict[str, Any]:
+    """The longest a process went without recording anything: a hang would show here.
+
+    Waiting out an acquire's timeout (2.5 TTLs) or a pause (up to 2.5 TTLs) is normal.
+    """
+    times: dict[str, list[float]] = defaultdict(list)
+    for op in h.ops:
+        times[op.process] += [op.t0] if op.end is None else [op.t0, op.t1]
+    longest, who = 0.0, None
+    for process, seen in times.items():
+        ends = [h.started.get(process, seen[0]), h.ended.get(process, seen[-1])]
+        ordered = sorted([*seen, *(t for t in ends if math.isfinite(t))])
+        gap = max((b - a for a, b in itertools.pairwise(ordered)), default=0.0)
+        if gap > longest:
+            longest, who = gap, process
+    return {"seconds": _round(longest), "process": who}
 
 
 def _restarts(h: History) -> list[dict[str, Any]]:
@@ -655,6 +674,10 @@ def report(summary: dict[str, Any]) -> str:
             f"p99 {live['p99']} s, max {live['max']} s ({live['max_in_ttls']} TTL); "
             f"{live['unmeasured']} deaths with nobody waiting"
         )
+    lines.append(
+        f"longest silence of a process: {live['longest_silence']['seconds']} s "
+        "(an acquire timing out or a pause: about 5 s; a hang: much more)"
+    )
     for restart in live["restarts"]:
         lines.append(
             f"database restart at {restart['at']}: {restart['seconds']} s, next grant "

@@ -252,3 +252,11 @@ def test_a_torn_last_line_is_skipped_and_counted(tmp_path: Path) -> None:
     summary = check_file(path)
     assert summary["history"]["unparsed_lines"] == 1
     assert (tmp_path / "history.summary.json").exists()
+
+
+def test_a_process_that_hangs_shows_as_the_longest_silence() -> None:
+    story = Story()
+    story.increment("quick", "n0", token=1, seen=0, at=0.0)
+    story.acquire("stuck", [("n1", "write")], {"n1": 2}, 1.0, 31.0)
+    silence = story.final({"n0": 1})["liveness"]["longest_silence"]
+    assert silence == {"seconds": 30.0, "process": "stuck"}
