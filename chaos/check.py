@@ -37,18 +37,21 @@ Safety (each must be 0):
 - ``partial_multi_locks`` — a multi-lock granted without a token for each
   name, or refused but leaving some of its names held by the session.
 - ``refused_live_holders`` — the register turned a holder away, the store
-  then confirmed it still held the lock (``check``), and a newer write lock
-  on the name was granted meanwhile: a newer holder wrote (or, for a
-  writer, accessed) while it held. A refused reader that was *not* overtaken
-  by a newer writer is counted apart, as ``false_refusals`` (not unsafe: the
-  reader gave up a read it was entitled to).
+  then confirmed that it still held the lock (``check``: rows never come
+  back, so it held all along), yet a grant of the name with a newer token,
+  in a conflicting mode, had completed before that check began: two
+  holders at once. A refused holder that nobody had overtaken is counted
+  apart, as ``false_refusals``: not unsafe, but an access it was entitled
+  to was refused.
 - ``locks_after_clean``, ``waiters_after_clean`` — rows left after the run,
   once every worker was killed, a TTL passed and ``Store.clean()`` ran.
 
 Liveness (reported, not judged): for each holder killed or paused, the time
 from that moment to the next grant on a name it held, to another process,
 in a mode its lock excluded, counted when that request was made within one
-TTL of the death (otherwise it measures an idle name, not a recovery).
+TTL of the death (otherwise it measures an idle name, not a recovery); each
+PostgreSQL restart and the time to the next grant after it; the longest a
+process went without recording anything.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ history: invoke, then ok / fail / info.
 from __future__ import annotations
 
 import contextlib
+import functools
 import mmap
 import os
 import random
@@ -230,7 +231,7 @@ class Worker:
                     value = values[name] + 1
                     client.perform(
                         "write",
-                        lambda: self.registers.write(name, tokens[name], value),  # noqa: B023
+                        functools.partial(self.registers.write, name, tokens[name], value),
                         _nothing,
                         name=name,
                         token=tokens[name],
