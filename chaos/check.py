@@ -46,10 +46,11 @@ Safety (each must be 0):
 - ``locks_after_clean``, ``waiters_after_clean`` — rows left after the run,
   once every worker was killed, a TTL passed and ``Store.clean()`` ran.
 
-Liveness (reported, not judged): for each holder killed or paused, the time
-from that moment to the next grant on a name it held, to another process,
-in a mode its lock excluded, counted when that request was made within one
-TTL of the death (otherwise it measures an idle name, not a recovery); each
+Liveness (reported, not judged): for each write holder killed or paused,
+the time from that moment to the next grant of a name it held, to another
+process, counted when that request was made within one TTL of the death
+(otherwise it measures an idle name, not a recovery). Readers are left out:
+live readers sharing the name hold it up as well; each
 PostgreSQL restart and the time to the next grant after it; the longest a
 process went without recording anything.
 """
@@ -455,7 +456,8 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def liveness(h: History) -> dict[str, Any]:
-    """How long a dead (killed or paused) holder kept the next requester of its locks waiting."""
+    """How long a dead (killed or paused) write holder kept the next requester of its locks
+    waiting: the name came free when its lease ran out, if the store is live."""
     ttl = float(h.config.get("ttl", 0))
     grants: dict[str, list[Hold]] = defaultdict(list)
     holds_of: dict[str, list[Hold]] = defaultdict(list)
@@ -476,14 +478,11 @@ def liveness(h: History) -> dict[str, Any]:
         for hold in holds_of[victim]:
             if not hold.start <= died <= hold.end:
                 continue
-            for name, mode in hold.modes.items():
+            # Only write locks: a dead reader's name may be held by live readers too,
+            # whom the next writer waits for as well (a pause of one of them included).
+            for name in (n for n, mode in hold.modes.items() if mode == "write"):
                 after = bisect.bisect_right(granted_at[name], died)
-                later = (
-                    g
-                    for g in grants[name][after:]
-                    if g.process != victim and "write" in (mode, g.modes[name])
-                )
-                grant = next(later, None)
+                grant = next((g for g in grants[name][after:] if g.process != victim), None)
                 if grant is None or grant.acquire.t0 > died + ttl:
                     unmeasured += 1  # nobody wanted the name soon after: nothing to measure
                     continue

@@ -260,3 +260,13 @@ def test_a_process_that_hangs_shows_as_the_longest_silence() -> None:
     story.acquire("stuck", [("n1", "write")], {"n1": 2}, 1.0, 31.0)
     silence = story.final({"n0": 1})["liveness"]["longest_silence"]
     assert silence == {"seconds": 30.0, "process": "stuck"}
+
+
+def test_a_dead_reader_is_not_measured() -> None:
+    """Live readers of the name (one of them paused, say) would count against it."""
+    story = Story(ttl=2.0)
+    story.process("a", pid=7)
+    story.acquire("a", [("n0", "read")], {"n0": 1}, 0.0, 0.1)
+    story.fault("kill", 10.0, pid=7)
+    story.acquire("b", [("n0", "write")], {"n0": 2}, 10.5, 14.0)  # behind another reader
+    assert story.final({})["liveness"]["recoveries"] == 0
