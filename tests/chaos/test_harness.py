@@ -65,6 +65,9 @@ def test_a_short_run_under_faults_finds_no_violation(
     assert summary["operations"]["acquire"]["ok"] > 300, output
     deaths = sum(summary["faults"].get(kind, 0) for kind in ("kill", "kill-writer", "pause"))
     assert deaths >= 5, output
-    # ...and a dead holder's locks came free in about a TTL (the waiter looks again then).
-    assert summary["liveness"]["recoveries"] >= 3, output
-    assert summary["liveness"]["max_in_ttls"] <= 2.0, output
+    # ...and a dead holder's locks came free in about a TTL (the waiter looks again then;
+    # a multi-lock next in line may also wait for another name whose holder died later).
+    live = summary["liveness"]
+    assert live["recoveries"] >= 3, output
+    assert live["p50"] <= 1.25 * live["ttl"], output
+    assert live["max_in_ttls"] <= 3.0, output
