@@ -73,6 +73,8 @@ def test_messages_never_show_the_password() -> None:
     assert "hunter2" not in str(caught.value)
     parsed = parse_url("postgresql://db.example/locks?sslpassword=hunter2&sslmode=require")
     assert parsed.display == "postgresql://db.example/locks?sslmode=require"
+    parsed = parse_url("postgresql://db.example/locks#?password=hunter2")  # ignored, not shown
+    assert parsed.display == "postgresql://db.example/locks"
 
 
 @pytest.mark.parametrize(

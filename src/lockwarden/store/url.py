@@ -111,10 +111,11 @@ def _secret(key: str) -> bool:
 
 
 def _redact(url: str) -> str:
-    """The URL without its password (in the user part or as a parameter); as given otherwise."""
+    """The URL without its password (in the user part or as a parameter) and without a
+    fragment (which the store ignores, and which may hold anything); as given otherwise."""
     parts = urlsplit(url)
     params = parse_qsl(parts.query, keep_blank_values=True)
-    if parts.password is None and not any(_secret(key) for key, _ in params):
+    if parts.password is None and not any(_secret(key) for key, _ in params) and not parts.fragment:
         return url
     netloc = parts.netloc
     if parts.password is not None:
