@@ -672,8 +672,9 @@ def report(summary: dict[str, Any]) -> str:
     )
     if live["recoveries"]:
         lines.append(
-            f"liveness: {live['recoveries']} recoveries after a holder died: p50 {live['p50']} s, "
-            f"p99 {live['p99']} s, max {live['max']} s ({live['max_in_ttls']} TTL); "
+            f"liveness: {live['recoveries']} recoveries after a write holder died: "
+            f"p50 {live['p50']} s, p99 {live['p99']} s, max {live['max']} s "
+            f"({live['max_in_ttls']} TTL); "
             f"{live['unmeasured']} deaths with nobody waiting"
         )
     lines.append(
