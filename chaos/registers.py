@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import psycopg
 
+from chaos.config import Config
 from lockwarden import StoreError
 from lockwarden.store import Fence, Store
 from lockwarden.store.url import parse_url
@@ -35,6 +36,13 @@ class Registers(Protocol):
 
     def final(self, name: str) -> int:
         """The value after the run (nobody holds anything any more)."""
+
+
+def registers_for(config: Config, store: Store, application_name: str = "chaos") -> Registers:
+    """The run's registers: fenced, or (``--no-fencing``) plain, on a connection named so."""
+    if config.fencing:
+        return FencedRegisters(store)
+    return PlainRegisters(config.url, application_name)
 
 
 class FencedRegisters:

@@ -13,7 +13,7 @@ A run:
    sessions and locks behind on purpose — waits one TTL and a half second,
    runs ``Store.clean()`` and records what is left (``final``): the locks and
    waiters (there must be none), and each register's value;
-4. checks the history (`chaos.check`) and drops the store.
+then ``python -m chaos`` drops the store and checks the history (`chaos.check`).
 """
 
 from __future__ import annotations
@@ -35,9 +35,8 @@ import lockwarden
 from chaos.config import Config
 from chaos.history import HistoryWriter
 from chaos.nemesis import Nemesis
-from chaos.registers import FencedRegisters, PlainRegisters, Registers
+from chaos.registers import PlainRegisters, registers_for
 from chaos.worker import Board
-from lockwarden.store import Store
 from lockwarden.store.url import parse_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,10 +128,6 @@ def store_url(backend: str, run_id: str, directory: Path, pg: str = PG_DEFAULT) 
     return f"{pg}{'&' if '?' in pg else '?'}schema=chaos_{run_id}"
 
 
-def registers_of(config: Config, store: Store) -> Registers:
-    return FencedRegisters(store) if config.fencing else PlainRegisters(config.url)
-
-
 def run(config: Config, log_path: Path) -> None:
     """Run the workers and the nemesis for ``config.duration`` seconds, then record the end."""
     with lockwarden.connect(config.url):  # create the tables once, before the crowd arrives
@@ -166,7 +161,7 @@ def run(config: Config, log_path: Path) -> None:
 def _record_final(config: Config, history: HistoryWriter) -> None:
     with lockwarden.connect(config.url) as store:
         cleaned = store.clean()
-        registers = registers_of(config, store)
+        registers = registers_for(config, store)
         history.write(
             "final",
             cleaned=asdict(cleaned),

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import lockwarden
 from chaos.config import Config
 from chaos.history import HistoryWriter
-from chaos.registers import FencedRegisters, PlainRegisters, Registers
+from chaos.registers import registers_for
 from lockwarden import LockError, LockLost, StoreError
 from lockwarden.store import Session, Stamp, Store
 
@@ -132,11 +132,7 @@ class Worker:
         self.board = Board(config.board, config.workers)
         self.parent = os.getppid()
         self.store = self._until_reachable(lambda: lockwarden.connect(config.worker_url(slot)))
-        self.registers: Registers = (
-            FencedRegisters(self.store)
-            if config.fencing
-            else PlainRegisters(config.url, config.application_name(slot))
-        )
+        self.registers = registers_for(config, self.store, config.application_name(slot))
 
     def run(self) -> None:
         for n in range(sys.maxsize):
