@@ -213,25 +213,33 @@ def test_a_refused_reader_overtaken_only_by_readers_is_a_false_refusal() -> None
     assert summary["observations"]["false_refusals"] == 1
 
 
-def test_recovery_after_a_dead_holder_is_measured_against_the_ttl() -> None:
+def liveness_after_death(mode: str, fault: str, asked: float, granted: float) -> dict[str, Any]:
+    """A holder of n0 in ``mode`` dies at 10 s; another process asks for n0 at ``asked``
+    and gets it at ``granted``; a third takes n1 meanwhile (never a recovery)."""
     story = Story(ttl=2.0)
     story.process("a", pid=7)
-    story.acquire("a", [("n0", "write")], {"n0": 1}, 0.0, 0.1)
-    story.fault("kill", 10.0, pid=7)
-    story.acquire("b", [("n0", "write")], {"n0": 2}, 10.5, 11.8)  # waited for the lease
-    story.acquire("c", [("n1", "read")], {"n1": 3}, 10.5, 10.6)  # another name: not a recovery
-    live = story.final({})["liveness"]
+    story.acquire("a", [("n0", mode)], {"n0": 1}, 0.0, 0.1)
+    story.fault(fault, 10.0, pid=7)
+    story.acquire("b", [("n0", "write")], {"n0": 2}, asked, granted)
+    story.acquire("c", [("n1", "read")], {"n1": 3}, 10.5, 10.6)
+    live: dict[str, Any] = story.final({})["liveness"]
+    return live
+
+
+def test_recovery_after_a_dead_holder_is_measured_against_the_ttl() -> None:
+    live = liveness_after_death("write", "kill", asked=10.5, granted=11.8)  # waited for the lease
     assert (live["recoveries"], live["p50"], live["max"], live["max_in_ttls"]) == (1, 1.8, 1.8, 0.9)
 
 
 def test_a_death_nobody_was_waiting_for_is_not_measured() -> None:
-    story = Story(ttl=2.0)
-    story.process("a", pid=7)
-    story.acquire("a", [("n0", "write")], {"n0": 1}, 0.0, 0.1)
-    story.fault("pause", 10.0, pid=7)
-    story.acquire("b", [("n0", "write")], {"n0": 2}, 30.0, 30.1)  # asked long after
-    live = story.final({})["liveness"]
+    live = liveness_after_death("write", "pause", asked=30.0, granted=30.1)  # asked long after
     assert (live["recoveries"], live["unmeasured"]) == (0, 1)
+
+
+def test_a_dead_reader_is_not_measured() -> None:
+    """Live readers of the name (one of them paused, say) would count against it."""
+    live = liveness_after_death("read", "kill", asked=10.5, granted=14.0)
+    assert live["recoveries"] == 0
 
 
 def test_a_run_without_its_end_or_with_a_crashed_worker_is_not_valid() -> None:
@@ -260,13 +268,3 @@ def test_a_process_that_hangs_shows_as_the_longest_silence() -> None:
     story.acquire("stuck", [("n1", "write")], {"n1": 2}, 1.0, 31.0)
     silence = story.final({"n0": 1})["liveness"]["longest_silence"]
     assert silence == {"seconds": 30.0, "process": "stuck"}
-
-
-def test_a_dead_reader_is_not_measured() -> None:
-    """Live readers of the name (one of them paused, say) would count against it."""
-    story = Story(ttl=2.0)
-    story.process("a", pid=7)
-    story.acquire("a", [("n0", "read")], {"n0": 1}, 0.0, 0.1)
-    story.fault("kill", 10.0, pid=7)
-    story.acquire("b", [("n0", "write")], {"n0": 2}, 10.5, 14.0)  # behind another reader
-    assert story.final({})["liveness"]["recoveries"] == 0
