@@ -21,7 +21,8 @@ def test_a_fence_rejects_an_older_token(store: Store) -> None:
     assert (caught.value.name, caught.value.token) == ("orders-table", 6)
     assert fence.state() == (7, "v5b")  # the refused write changed nothing
     assert fence.read(8) == "v5b"
-    with pytest.raises(LockLost):
+    fence.write(8, "v8")
+    with pytest.raises(LockLost, match="has taken a write with token 8, newer than 7"):
         fence.read(7)
 
 
@@ -54,3 +55,35 @@ def test_tokens_grow_across_grants_reclaims_and_breaks(store: Store) -> None:
     with store.session(app_id="b") as b:
         tokens.append(b.lock("t", timeout=5).token)  # a reclaim
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+
+
+def test_readers_sharing_a_lock_are_all_admitted_in_any_order(store: Store) -> None:
+    """Read locks are shared: a reader with an older token is not turned away by a newer reader.
+
+    Found by the chaos harness: before, the newer reader's read was "a newer
+    token seen", and the older one got LockLost while it still held its lock.
+    """
+    fence = store.fence("shared")
+    fence.write(0, "v0")
+    with store.session(app_id="a") as a, store.session(app_id="b") as b:
+        older, newer = a.lock("shared-lock", "read"), b.lock("shared-lock", "read")
+        assert newer.token > older.token
+        assert fence.read(newer.token) == "v0"
+        assert fence.read(older.token) == "v0"  # was: LockLost
+        older.check()
+        fence.admit(older.token)
+
+
+def test_a_write_still_turns_away_every_older_token(store: Store) -> None:
+    fence = store.fence("written")
+    fence.admit(9)  # a reader with token 9: older writers are fenced off...
+    with pytest.raises(LockLost):
+        fence.write(8, "stale")
+    fence.read(8)  # ...but an older reader may still read what nobody has overwritten
+    fence.write(10, "v10")
+    for old in (8, 9):
+        with pytest.raises(LockLost, match="newer than"):
+            fence.read(old)  # the value was overwritten by a newer holder
+        with pytest.raises(LockLost):
+            fence.admit(old)
+    assert fence.state() == (10, "v10")

@@ -99,6 +99,23 @@ def test_waiters_recover_when_the_listener_connection_dies(store: Store, pg_sche
         waiting.result(timeout=5)
 
 
+def test_connections_carry_the_application_name_of_the_url(pg_url: str) -> None:
+    """A DBA (or a fault-injection harness) can tell one program's connections apart."""
+
+    def names(store: Store) -> set[str]:
+        with store.session(app_id="named"), pg_admin() as conn:
+            rows = conn.execute(
+                "SELECT application_name FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+                " AND application_name IN ('lockwarden', 'billing-7')"
+            ).fetchall()
+        return {row[0] for row in rows}
+
+    with lockwarden.connect(f"{pg_url}&application_name=billing-7") as named:
+        assert "billing-7" in names(named)
+    with lockwarden.connect(pg_url) as default:
+        assert "lockwarden" in names(default)
+
+
 def test_connection_killed_mid_acquire_grants_once(store: Store, pg_schema: str) -> None:
     key = plpgsql.lock_key(pg_schema)
     with pg_admin() as blocker, store.session(app_id="a") as s:

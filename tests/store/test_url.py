@@ -55,6 +55,9 @@ def test_accepted(url: str, backend: str, target: str, schema: str) -> None:
         ("postgresql://h/db?schema=a;drop", "not a plain identifier"),
         ("postgresql://h/db?schema=" + "x" * 53, "not a plain identifier"),
         ("postgresql://h/db?schema=a&schema=b", "more than once"),
+        # Found by the fuzz: these were plain ValueErrors from urlsplit and sqlite3.
+        ("postgresql://u:secret@[::1/db", "malformed"),
+        ("sqlite:///locks\x00.db", "NUL"),
     ],
 )
 def test_refused(url: object, message: str) -> None:
@@ -67,6 +70,27 @@ def test_messages_never_show_the_password() -> None:
     assert parsed.display == "postgresql://me@db.example:5432/locks?schema=s"
     with pytest.raises(LockUsageError) as caught:
         parse_url("postgresql://me:hunter2@db.example/locks?schema=NO")
+    assert "hunter2" not in str(caught.value)
+    parsed = parse_url("postgresql://db.example/locks?sslpassword=hunter2&sslmode=require")
+    assert parsed.display == "postgresql://db.example/locks?sslmode=require"
+    parsed = parse_url("postgresql://db.example/locks#?password=hunter2")  # ignored, not shown
+    assert parsed.display == "postgresql://db.example/locks"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite://me:hunter2@db.example/locks.db",  # a PostgreSQL URL with the wrong scheme
+        "sqlite:///locks.db?password=hunter2",
+        "sqlite://me:hunter2@db.example/",
+        "sqlite:///locks.db?sslpassword=hunter2",
+        "sqlite:///locks.db??password=hunter2",
+    ],
+)
+def test_sqlite_url_messages_never_show_the_password(url: str) -> None:
+    """Found by the fuzz: the SQLite refusals quoted the URL (or its query) as given."""
+    with pytest.raises(LockUsageError) as caught:
+        parse_url(url)
     assert "hunter2" not in str(caught.value)
 
 

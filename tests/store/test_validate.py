@@ -41,11 +41,15 @@ BAD_CALLS: list[tuple[str, Callable[[Store, Session], Any], str]] = [
     ("write permits 0", lambda st, s: st.set_permits("held", write=0), "permits must be"),
     ("write permits None", lambda st, s: st.set_permits("held", write=None), "permits must be"),
     ("permits a bool", lambda st, s: st.set_permits("held", read=True), "permits must be"),
+    # Found by the fuzz: past BIGINT, SQLite raised OverflowError and PostgreSQL a StoreError.
+    ("read permits 2**63", lambda st, s: st.set_permits("held", read=2**63), "2\\*\\*63 - 1"),
+    ("write permits 2**70", lambda st, s: st.set_permits("held", write=2**70), "2\\*\\*63 - 1"),
     ("ttl 0", lambda st, s: st.session(app_id="x", ttl=0), "ttl must be"),
     ("ttl NaN", lambda st, s: st.session(app_id="x", ttl=float("nan")), "ttl must be"),
     ("empty app id", lambda st, s: st.session(app_id=""), "app_id"),
     ("empty name to break", lambda st, s: st.break_lock(""), "must not be empty"),
     ("fence token negative", lambda st, s: st.fence("f").write(-1, "v"), "token"),
+    ("fence token 2**63", lambda st, s: st.fence("f").read(2**63), "2\\*\\*63 - 1"),
     ("fence value not text", lambda st, s: st.fence("f").write(1, b"v"), "text"),
     ("fence resource empty", lambda st, s: st.fence(""), "must not be empty"),
 ]

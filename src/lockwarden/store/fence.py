@@ -3,11 +3,20 @@
 A lock alone cannot stop a holder that was paused past its lease from
 writing after the next holder started. A fence can: it lives beside the
 protected resource (here, in the store's database), remembers the highest
-token it has admitted, and atomically refuses an older one. Its value slot
-makes it a fenced register: ``read(token)`` admits the token and returns
-the value, ``write(token, value)`` stores a value under a token at least as
-new as any seen, so a read-modify-write under a lock is safe even against a
-holder that lost the lock without knowing.
+token it has admitted and the token of the last write, and atomically
+refuses what an older token may no longer do. Its value slot makes it a
+fenced register:
+
+- ``write(token, value)`` needs a token at least as new as every token
+  admitted: once a newer holder has come by, an older one writes nothing;
+- ``read(token)`` (and ``admit``) needs a token at least as new as the last
+  write's, and admits it: an older holder never reads over a newer
+  holder's write, and after this read it cannot write either.
+
+So a read-modify-write under a write lock is safe even against a holder
+that lost the lock without knowing, and readers sharing a read lock, whose
+tokens arrive in any order, are all admitted (a newer reader does not make
+an older one's read stale: only a write does).
 """
 
 from __future__ import annotations
@@ -25,7 +34,10 @@ class Fence:
         self.resource = validate.name(resource, "fence resource")
 
     def admit(self, token: int) -> None:
-        """Record ``token`` as seen; raise `LockLost` if a newer one was seen before."""
+        """Record ``token`` as seen (older writers are refused from now on).
+
+        `LockLost` if a newer token has already written.
+        """
         self._advance(token, None, write=False)
 
     def read(self, token: int) -> str | None:
@@ -33,11 +45,12 @@ class Fence:
 
         Admitting on read matters: once a newer holder has read, an older
         holder's write is refused, so the newer holder's update is never lost.
+        `LockLost` if a newer token has already written.
         """
         return self._advance(token, None, write=False)
 
     def write(self, token: int, value: str | None) -> None:
-        """Store ``value`` under ``token``, or raise `LockLost` if a newer token was seen."""
+        """Store ``value`` under ``token``, or raise `LockLost` if a newer token was admitted."""
         if value is not None and not isinstance(value, str):
             raise LockUsageError(f"a fence holds text (or None), got {type(value).__name__}")
         self._advance(token, value, write=True)
@@ -48,19 +61,22 @@ class Fence:
         return (rows[0]["token"], rows[0]["value"]) if rows else (0, None)
 
     def _advance(self, token: int, value: str | None, *, write: bool) -> str | None:
-        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise LockUsageError(f"a fencing token is an integer >= 0, got {token!r}")
+        token = validate.token(token)
         rows = self._backend.query(
             queries.FENCE_ADVANCE,
             {"resource": self.resource, "token": token, "value": value, "write": write},
             write=True,
         )
         if not rows:
-            seen = self.state()[0]
+            found = self._backend.query(queries.FENCE_READ, {"resource": self.resource})[0]
+            seen = (
+                f"already admitted token {found['token']}"
+                if write
+                else f"taken a write with token {found['written']}"
+            )
             raise LockLost(
-                f"fence {self.resource!r} has already admitted token {seen}, newer than "
-                f"{token}: the lock behind token {token} was taken over, so this "
-                f"{'write' if write else 'access'} is refused",
+                f"fence {self.resource!r} has {seen}, newer than {token}: the lock behind "
+                f"token {token} was taken over, so this {'write' if write else 'read'} is refused",
                 name=self.resource,
                 token=token,
             )

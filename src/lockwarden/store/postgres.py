@@ -69,10 +69,17 @@ class PostgresBackend(Backend):
         self._migrate((f"CREATE SCHEMA IF NOT EXISTS {url.schema}",), plpgsql.steps(url.schema))
 
     def _connect(self) -> Connection:
+        from psycopg.conninfo import conninfo_to_dict  # noqa: PLC0415
         from psycopg.rows import dict_row  # noqa: PLC0415
 
+        # "lockwarden" names the connections in pg_stat_activity, unless the URL
+        # names them itself (a keyword argument would override the URL's).
+        named = "application_name" in conninfo_to_dict(self.url.target)
         conn: Connection = self._psycopg.connect(
-            self.url.target, autocommit=True, row_factory=dict_row, application_name="lockwarden"
+            self.url.target,
+            autocommit=True,
+            row_factory=dict_row,
+            **({} if named else {"application_name": "lockwarden"}),
         )
         return conn
 

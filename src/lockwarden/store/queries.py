@@ -306,22 +306,24 @@ SELECT read_permits, write_permits FROM {p}lw_permits WHERE name = :name
 """
 
 FENCE_READ: Final = """
-SELECT token, value FROM {p}lw_fences WHERE resource = :resource
+SELECT token, written, value FROM {p}lw_fences WHERE resource = :resource
 """
 
 FENCE_ADVANCE: Final = """
-INSERT INTO {p}lw_fences AS f (resource, token, value, updated_at)
-VALUES (:resource, :token, :value, {now})
+INSERT INTO {p}lw_fences AS f (resource, token, written, value, updated_at)
+VALUES (:resource, :token, CASE WHEN :write THEN :token ELSE 0 END, :value, {now})
 ON CONFLICT (resource) DO UPDATE
-SET token = excluded.token,
+SET token = CASE WHEN f.token < excluded.token THEN excluded.token ELSE f.token END,
+    written = CASE WHEN :write THEN excluded.token ELSE f.written END,
     value = CASE WHEN :write THEN excluded.value ELSE f.value END,
     updated_at = excluded.updated_at
-WHERE f.token <= excluded.token
+WHERE CASE WHEN :write THEN f.token ELSE f.written END <= excluded.token
 RETURNING token, value
 """
 """Admit a token at a fence, and with :write store a value, in one atomic step (D7).
 
-No row comes back when the fence has already seen a larger token.
+A write needs a token at least as new as every token admitted; a read (an
+admit) one at least as new as the last write's. No row comes back otherwise.
 """
 
 # -- changes that may let waiters in --------------------------------------------

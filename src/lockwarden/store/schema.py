@@ -14,7 +14,7 @@ from typing import Final
 
 from lockwarden.errors import StoreError
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 BOOTSTRAP: Final = """CREATE TABLE IF NOT EXISTS {p}lw_meta (
     key TEXT PRIMARY KEY,
@@ -80,7 +80,13 @@ _STEPS: Final[dict[int, Sequence[str]]] = {
         *_TABLES,
         # The server start seen by the last grant: a new one means a restart.
         "INSERT INTO {p}lw_meta (key, value) VALUES ('started', {started})",
-    )
+    ),
+    2: (
+        # The token of the last write, apart from the highest token admitted: an access
+        # that only reads is refused behind a newer write, not behind a newer reader.
+        "ALTER TABLE {p}lw_fences ADD COLUMN written BIGINT NOT NULL DEFAULT 0",
+        "UPDATE {p}lw_fences SET written = token",  # as strict as before for old rows
+    ),
 }
 
 

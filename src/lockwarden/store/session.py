@@ -656,7 +656,8 @@ def connect(
 
     ``url``: ``sqlite:///relative.db``, ``sqlite:////abs/path.db`` or
     ``postgresql://user@host:port/db?schema=NAME`` (default schema
-    "lockwarden"). ``max_hold``: waiters fail with `HeldTooLong` behind a
+    "lockwarden"; other parameters, such as ``application_name``, go to libpq).
+    ``max_hold``: waiters fail with `HeldTooLong` behind a
     lock held longer (None: no limit). ``on_stale``: the default policy for
     a dead holder's lock, "reclaim" or "refuse". ``lock_delay``: seconds a
     reclaimed lock is withheld from its new holder. ``durability``:

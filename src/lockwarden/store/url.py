@@ -45,7 +45,10 @@ def parse_url(url: object) -> StoreURL:
     """Split and check a store URL; raise `LockUsageError` saying what is wrong."""
     if not isinstance(url, str) or not url:
         raise LockUsageError(f"store URL must be a non-empty string like {_EXAMPLES}; got {url!r}")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # not quoted: it may hold a password we cannot find
+        raise LockUsageError(f"store URL is malformed ({exc}): use {_EXAMPLES}") from None
     scheme = parts.scheme.lower()
     if scheme == "sqlite":
         return _sqlite(url, parts.netloc, parts.path, parts.query)
@@ -57,16 +60,24 @@ def parse_url(url: object) -> StoreURL:
 
 
 def _sqlite(url: str, netloc: str, path: str, query: str) -> StoreURL:
+    shown = _redact(url)  # a PostgreSQL URL given the wrong scheme may carry a password
     if netloc:
         raise LockUsageError(
-            f"SQLite URL {url!r} names a host ({netloc!r}); SQLite files are local: "
-            "write sqlite:///relative/path.db or sqlite:////absolute/path.db"
+            f"SQLite URL {shown!r} names a host ({urlsplit(shown).netloc!r}); SQLite files "
+            "are local: write sqlite:///relative/path.db or sqlite:////absolute/path.db"
         )
     if query:
-        raise LockUsageError(f"SQLite URL {url!r} takes no parameters (found {query!r})")
+        keys = [key for key, _ in parse_qsl(query, keep_blank_values=True) if key]
+        raise LockUsageError(  # names only: a value may be a password
+            f"SQLite URL {shown!r} takes no parameters (found {', '.join(keys) or 'some'})"
+        )
     file = path[1:]  # "sqlite:///x" has path "/x": the third slash only ends the empty host
     if not file or file.endswith("/"):
-        raise LockUsageError(f"SQLite URL {url!r} names no file: write sqlite:///path/to/locks.db")
+        raise LockUsageError(
+            f"SQLite URL {shown!r} names no file: write sqlite:///path/to/locks.db"
+        )
+    if "\x00" in file:
+        raise LockUsageError(f"SQLite URL {shown!r} has a NUL character in its file name")
     if file == ":memory:":
         raise LockUsageError(
             "an in-memory SQLite database cannot be shared between connections or "
@@ -94,13 +105,23 @@ def _postgres(url: str) -> StoreURL:
     return StoreURL("postgresql", target, schema, _redact(url))
 
 
+def _secret(key: str) -> bool:
+    """A parameter never shown: password, and libpq's sslpassword (or any misspelling)."""
+    return "password" in key.lower()
+
+
 def _redact(url: str) -> str:
-    """The URL without its password (in the user part or as a parameter)."""
+    """The URL without its password (in the user part or as a parameter) and without a
+    fragment (which the store ignores, and which may hold anything); as given otherwise."""
     parts = urlsplit(url)
+    params = parse_qsl(parts.query, keep_blank_values=True)
+    if parts.password is None and not any(_secret(key) for key, _ in params) and not parts.fragment:
+        return url
     netloc = parts.netloc
     if parts.password is not None:
         user = quote(parts.username or "", safe="")
         host = netloc.rpartition("@")[2]
         netloc = f"{user}@{host}"
-    query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k != "password"])
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    query = urlencode([(k, v) for k, v in params if not _secret(k)])
+    # Written out: urlunsplit drops the "//" of an empty host for schemes it does not know.
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")

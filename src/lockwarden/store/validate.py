@@ -17,6 +17,9 @@ MAX_NAME_BYTES = 512
 
 ON_STALE = ("reclaim", "refuse")
 
+MAX_INTEGER = 2**63 - 1
+"""The largest integer both databases store (BIGINT): permits and fencing tokens stay within."""
+
 
 def name(value: object, what: str = "lock name") -> str:
     if not isinstance(value, str):
@@ -81,9 +84,18 @@ def on_stale(value: object) -> bool:
 def permits(value: object, what: str, *, none: bool) -> int | None:
     if value is None and none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INTEGER:
         unlimited = " or None for no limit" if none else ""
-        raise LockUsageError(f"{what} permits must be an integer >= 1{unlimited}, got {value!r}")
+        raise LockUsageError(
+            f"{what} permits must be an integer from 1 to 2**63 - 1{unlimited}, got {value!r}"
+        )
+    return value
+
+
+def token(value: object) -> int:
+    """A fencing token as a caller hands it to a fence: what a grant gave it, or 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INTEGER:
+        raise LockUsageError(f"a fencing token is an integer from 0 to 2**63 - 1, got {value!r}")
     return value
 
 

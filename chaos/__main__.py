@@ -1,0 +1,77 @@
+"""``python -m chaos``: one run of the harness, then its check.
+
+Exit status 0 if the run was valid and no safety violation was found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from chaos.check import check_file, report
+from chaos.config import Config
+from chaos.run import PG_DEFAULT, drop, run, store_url
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m chaos",
+        description="Run lock workers against a store under injected faults, then check them.",
+    )
+    parser.add_argument("--backend", choices=("sqlite", "postgres"), required=True)
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds (default 60)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--workers", type=int, default=6)
+    parser.add_argument("--names", type=int, default=4, help="lock names (and registers)")
+    parser.add_argument("--ttl", type=float, default=2.0, help="the workers' session TTL")
+    parser.add_argument("--fault-every", type=float, default=3.0, help="mean seconds")
+    parser.add_argument(
+        "--no-fencing", action="store_true", help="control run: registers without tokens"
+    )
+    parser.add_argument(
+        "--allow-restart", action="store_true", help="the nemesis may restart PostgreSQL"
+    )
+    parser.add_argument("--restart-every", type=float, default=300.0, help="at most one per")
+    parser.add_argument("--pg", default=PG_DEFAULT, help="PostgreSQL URL (a schema is added)")
+    parser.add_argument("--history", type=Path, required=True, help="JSON lines written here")
+    parser.add_argument("--summary", type=Path, help="default: HISTORY.summary.json")
+    parser.add_argument("--keep", action="store_true", help="keep the PostgreSQL schema")
+    args = parser.parse_args(argv)
+    if args.names < 2 or args.workers < 1:
+        parser.error("a run needs at least one worker and two names (multi-locks take two)")
+
+    args.history.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
+        run_id = f"{args.seed}_{secrets.token_hex(3)}"
+        config = Config(
+            backend=args.backend,
+            url=store_url(args.backend, run_id, Path(tmp), args.pg),
+            run_id=run_id,
+            seed=args.seed,
+            duration=args.duration,
+            history=str(args.history),
+            board=str(Path(tmp) / "board"),
+            workers=args.workers,
+            names=args.names,
+            ttl=args.ttl,
+            fencing=not args.no_fencing,
+            allow_restart=args.allow_restart,
+            restart_every=args.restart_every,
+            fault_every=args.fault_every,
+        )
+        try:
+            run(config, args.history.with_suffix(".log"))
+        finally:
+            if not args.keep:
+                drop(config)
+    summary = check_file(args.history, args.summary)
+    print(report(summary))
+    return 0 if summary["safe"] and summary["valid"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

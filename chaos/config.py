@@ -1,0 +1,65 @@
+"""What a run is: the settings the controller, the workers and the nemesis share.
+
+The controller writes them as the first record of the history and hands
+them to every worker as JSON on its command line, so a run is described in
+one place and the checker knows what it is looking at (the TTL, whether
+fencing was on).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+
+@dataclass(frozen=True)
+class Config:
+    backend: str
+    """"sqlite" or "postgres"."""
+    url: str
+    """The store's URL (a file of the run's own, or a schema of the run's own)."""
+    run_id: str
+    """Names this run's sessions (app id) and PostgreSQL connections (application_name)."""
+    seed: int
+    duration: float
+    history: str
+    board: str
+    """A file of one byte per worker saying what it is doing (see `worker.Board`)."""
+    workers: int = 6
+    names: int = 4
+    ttl: float = 2.0
+    """Short, so that a dead holder's locks come free quickly."""
+    fencing: bool = True
+    allow_restart: bool = False
+    restart_every: float = 300.0
+    """At most one PostgreSQL restart per this many seconds (others share the server)."""
+    fault_every: float = 3.0
+    """Mean seconds between the nemesis's faults."""
+
+    @property
+    def app_id(self) -> str:
+        return f"chaos-{self.run_id}"
+
+    @property
+    def lock_names(self) -> list[str]:
+        return [f"n{i}" for i in range(self.names)]
+
+    def application_name(self, slot: int) -> str:
+        """The PostgreSQL application_name of one worker's connections."""
+        return f"{self.app_id}-w{slot}"
+
+    def worker_url(self, slot: int) -> str:
+        """The store URL a worker connects with: on PostgreSQL its connections carry its name."""
+        if self.backend != "postgres":
+            return self.url
+        parts = urlsplit(self.url)
+        query = [*parse_qsl(parts.query), ("application_name", self.application_name(slot))]
+        return urlunsplit(parts._replace(query=urlencode(query)))
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Config:
+        return cls(**json.loads(text))

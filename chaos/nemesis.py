@@ -1,0 +1,233 @@
+"""The nemesis: faults injected at random (from the run's seed) while the workers run.
+
+One fault at a time, a random interval apart (exponential, mean
+``fault_every`` seconds), each recorded in the history:
+
+- ``kill`` — SIGKILL a worker (the controller starts a new one in its slot);
+- ``pause`` — SIGSTOP a worker for 1.25 to 2.5 TTLs, then SIGCONT: its lease
+  runs out while it believes it holds its locks (the fencing case);
+- ``terminate`` (PostgreSQL) — ``pg_terminate_backend`` on one worker's
+  connections, or every worker's, found by their ``application_name``;
+- ``restart`` (PostgreSQL, with ``--allow-restart``) — restart the server,
+  the first time half ``restart_every`` into the run, then every
+  ``restart_every`` seconds, no more often (others may share the server);
+- ``kill-writer`` (SQLite) — SIGKILL a worker *inside* a write transaction.
+  It is found by freezing a worker (SIGSTOP), and looking in ``/proc/locks``
+  for its exclusive lock on byte 120 of the database's ``-shm`` file, the
+  WAL write lock that SQLite holds from ``BEGIN IMMEDIATE`` to the commit.
+  Frozen, the worker cannot commit, so the kill lands mid-transaction for
+  certain; if it held no write lock it is thawed and another is tried.
+
+Kills and pauses aim at workers that hold locks (mostly between reading
+their register and writing it, as `worker.Board` reports): a fault there
+is the one that tests fencing and the recovery of a dead holder's locks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import psycopg
+
+from chaos.config import Config
+from chaos.history import HistoryWriter
+from chaos.worker import Board
+from lockwarden.store.url import parse_url
+
+PAUSE_TTLS = (1.25, 2.5)
+"""A pause lasts this many TTLs: always longer than the lease."""
+
+AIMED = 0.8
+"""Chance that a kill or pause picks among the workers holding locks, when there are any."""
+
+WRITER_PROBES = 1000
+"""At most this many workers frozen and looked at to find one inside a write transaction
+(a few seconds; about one probe in fifty finds one)."""
+
+WAL_WRITE_LOCK = 120
+"""The byte of SQLite's ``-shm`` file whose exclusive lock is the WAL write lock."""
+
+
+class Workers(Protocol):
+    """What the nemesis needs from the controller's set of worker processes."""
+
+    def pid(self, slot: int) -> int | None:
+        """The pid of the worker in ``slot``, None while it is being restarted."""
+
+    def kill(self, slot: int) -> int | None:
+        """SIGKILL the worker in ``slot`` and restart it soon; its pid (None if there was none)."""
+
+
+def pg_restart_command() -> list[str]:
+    """Restart the local PostgreSQL cluster (the machine's only version, cluster ``main``)."""
+    [version] = os.listdir("/etc/postgresql")
+    return ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"]
+
+
+class Nemesis(threading.Thread):
+    def __init__(
+        self, config: Config, workers: Workers, board: Board, history: HistoryWriter
+    ) -> None:
+        super().__init__(name="nemesis", daemon=True)
+        self.config = config
+        self.workers = workers
+        self.board = board
+        self.history = history
+        self.rng = random.Random(f"{config.seed}:nemesis")
+        self.stopping = threading.Event()
+        self.failed: BaseException | None = None
+        self._last_restart = time.monotonic() - config.restart_every / 2
+        self._faults: dict[str, Callable[[], None]] = {"kill": self.kill, "pause": self.pause}
+        if config.backend == "postgres":
+            self._faults["terminate"] = self.terminate
+        else:
+            self._faults["kill-writer"] = self.kill_writer
+
+    def stop(self) -> None:
+        """Stop after the fault under way (a paused worker is resumed at once)."""
+        self.stopping.set()
+        self.join()
+
+    def run(self) -> None:
+        try:
+            while not self.stopping.wait(self.rng.expovariate(1 / self.config.fault_every)):
+                self._next_fault()()
+        except BaseException as exc:  # the controller reports it: the run is not valid
+            self.failed = exc
+
+    def _next_fault(self) -> Callable[[], None]:
+        due = time.monotonic() - self._last_restart >= self.config.restart_every
+        if self.config.allow_restart and due:  # the first at half the interval, then one each
+            return self.restart
+        return self._faults[self.rng.choice(sorted(self._faults))]
+
+    # -- choosing a victim ------------------------------------------------------------
+
+    def _victim(self, *, aim: bool = True) -> tuple[int, int] | None:
+        """A (slot, pid): with ``aim``, mostly one holding locks (midway, if any is)."""
+        running = [s for s in range(self.config.workers) if self.workers.pid(s) is not None]
+        if not running:
+            return None
+        states = self.board.states()
+        for wanted in (Board.MIDWAY, Board.HOLDING) if aim else ():
+            aimed = [s for s in running if states[s] == wanted]
+            if aimed and self.rng.random() < AIMED:
+                break
+        else:
+            aimed = running
+        slot = self.rng.choice(aimed)
+        pid = self.workers.pid(slot)
+        return None if pid is None else (slot, pid)
+
+    def _state(self, slot: int) -> str:
+        return ("idle", "acquiring", "holding", "midway")[self.board.states()[slot]]
+
+    # -- the faults -----------------------------------------------------------------------
+
+    def kill(self) -> None:
+        if (victim := self._victim()) is None:
+            return
+        slot, _ = victim
+        state = self._state(slot)
+        if (pid := self.workers.kill(slot)) is not None:
+            self.history.write("fault", fault="kill", slot=slot, pid=pid, state=state)
+
+    def pause(self) -> None:
+        if (victim := self._victim()) is None:
+            return
+        slot, pid = victim
+        seconds = self.config.ttl * self.rng.uniform(*PAUSE_TTLS)
+        state = self._state(slot)
+        os.kill(pid, signal.SIGSTOP)
+        self.history.write("fault", fault="pause", slot=slot, pid=pid, state=state, seconds=seconds)
+        try:
+            self.stopping.wait(seconds)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            self.history.write("fault", fault="resume", slot=slot, pid=pid)
+
+    def terminate(self) -> None:
+        """Drop the PostgreSQL connections of one worker (mostly) or of all of them."""
+        everyone = self.rng.random() < 0.3
+        slot = self.rng.randrange(self.config.workers)
+        pattern = f"{self.config.app_id}-w%" if everyone else self.config.application_name(slot)
+        with psycopg.connect(parse_url(self.config.url).target, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name LIKE %s",
+                (pattern,),
+            ).fetchall()
+        self.history.write(
+            "fault", fault="terminate", slot=None if everyone else slot, connections=len(rows)
+        )
+
+    def restart(self) -> None:
+        """Restart the PostgreSQL server; the record says how long it took and whether it worked."""
+        self._last_restart = time.monotonic()
+        self.history.write("fault", fault="restart", wall=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+        done = subprocess.run(pg_restart_command(), capture_output=True, text=True, check=False)
+        self.history.write(
+            "fault", fault="restarted", returncode=done.returncode, stderr=done.stderr[-300:]
+        )
+
+    def kill_writer(self) -> None:
+        """SIGKILL a worker frozen while it holds SQLite's write lock."""
+        shm = parse_url(self.config.url).target + "-shm"
+        for probe in range(1, WRITER_PROBES + 1):
+            # Not aimed: writes happen while acquiring, in the register, in heartbeats.
+            if self.stopping.is_set() or (victim := self._victim(aim=False)) is None:
+                return
+            slot, pid = victim
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                if _frozen(pid) and _holds_write_lock(pid, shm):
+                    self.workers.kill(slot)
+                    self.history.write(
+                        "fault", fault="kill-writer", slot=slot, pid=pid, probes=probe
+                    )
+                    return
+            except (ProcessLookupError, FileNotFoundError):  # it died, or nobody has the file open
+                pass
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+            self.stopping.wait(self.rng.uniform(0, 0.002))
+        self.history.write("fault", fault="kill-writer-missed", probes=WRITER_PROBES)
+
+
+def _frozen(pid: int) -> bool:
+    """Wait (briefly) until ``pid`` is stopped: only then can it not commit behind our back."""
+    for _ in range(1000):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rpartition(")")[2].split()[0] == "T":
+            return True
+        time.sleep(0.0005)
+    return False
+
+
+def _holds_write_lock(pid: int, shm: str) -> bool:
+    """Whether ``pid`` holds the WAL write lock (``/proc/locks`` lists POSIX locks with pids).
+
+    The ``-shm`` file is looked up each time: SQLite deletes it when the
+    last connection closes, and the next one makes a new one.
+    """
+    found = os.stat(shm)
+    lock_file = f"{os.major(found.st_dev):02x}:{os.minor(found.st_dev):02x}:{found.st_ino}"
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        # "1: POSIX  ADVISORY  WRITE 4242 fe:00:2146468 120 120"
+        if fields[1:5] == ["POSIX", "ADVISORY", "WRITE", str(pid)] and fields[5:8] == [
+            lock_file,
+            str(WAL_WRITE_LOCK),
+            str(WAL_WRITE_LOCK),
+        ]:
+            return True
+    return False

@@ -1,0 +1,265 @@
+"""A worker: one OS process of the run, taking locks and incrementing registers.
+
+Run by the controller as ``python -m chaos.worker CONFIG_JSON SLOT INCARNATION``.
+Its own store connection, its own session (TTL from the config), its own
+random choices (seeded by run seed, slot and incarnation).
+
+In Jepsen's terms a worker plays one *process* at a time: a session and the
+operations it performs in turn. When the session is lost, or an operation's
+outcome is unknown (a `StoreError`: the database may or may not have done
+it), the process is retired — its session closed, as a program would after
+such an error — and the worker goes on as a new process with a new session.
+A SIGKILL ends the worker; the controller starts a new one in its slot.
+
+Each loop: pick one or two lock names, each read or write; acquire them
+(one lock, or a multi-lock); read every register; sometimes sleep inside
+the critical section; write each write-locked register plus one and read
+each read-locked one again; release. Every step is an operation in the
+history: invoke, then ok / fail / info.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import mmap
+import os
+import random
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import lockwarden
+from chaos.config import Config
+from chaos.history import HistoryWriter
+from chaos.registers import registers_for
+from lockwarden import LockError, LockLost, StoreError
+from lockwarden.store import Session, Stamp, Store
+
+T = TypeVar("T")
+
+ACQUIRE_TIMEOUT = 2.5
+"""Acquire timeout in TTLs: long enough to outwait a dead holder's lease, short enough to fail
+sometimes behind a crowd (failed acquires are operations worth checking too)."""
+
+MULTI_LOCK, READ_MODE = 0.2, 0.35
+"""Chance that an operation takes two names at once, and that a name is taken for reading."""
+
+SLEEP_INSIDE, SLEEP_LONGEST = 0.5, 0.25
+"""Chance of sleeping inside the critical section, between the reads and the writes, and the
+longest sleep in TTLs: the window where a pause makes a holder outlive its lease."""
+
+RECONNECT_PAUSE = 0.5
+"""Seconds between attempts to reach the database while it is down (a restart)."""
+
+
+class Board:
+    """One byte per worker in a shared file: what each is doing, so the nemesis can aim.
+
+    Pausing or killing a worker that holds a lock, between reading its
+    register and writing it, is the fault that tests fencing; picking
+    workers blindly would mostly hit them while they wait.
+    """
+
+    IDLE, ACQUIRING, HOLDING, MIDWAY = range(4)
+    """MIDWAY: holding, registers read, not yet written (or read again)."""
+
+    def __init__(self, path: str, slots: int) -> None:
+        with open(path, "a+b") as file:
+            if os.fstat(file.fileno()).st_size < slots:
+                file.truncate(slots)
+            self._map = mmap.mmap(file.fileno(), slots)
+
+    def set(self, slot: int, state: int) -> None:
+        self._map[slot] = state
+
+    def states(self) -> bytes:
+        return self._map[:]
+
+
+class Retire(Exception):
+    """The current process must give up its session (lost, or an outcome is unknown)."""
+
+
+class Client:
+    """One Jepsen process: a session, and its numbered operations recorded as it does them."""
+
+    def __init__(self, history: HistoryWriter, process: str, session: Session) -> None:
+        self.history = history
+        self.process = process
+        self.session = session
+        self._ops = 0
+
+    def perform(
+        self, f: str, call: Callable[[], T], result: Callable[[T], dict[str, Any]], **fields: Any
+    ) -> T:
+        """Record ``f`` invoked, run ``call``, record how it ended, and return or raise.
+
+        A `StoreError` (the database did not answer, or not in time) leaves
+        the outcome unknown: "info", and the process retires. Any other
+        `LockError` is a known failure ("fail"), re-raised for the caller.
+        Anything else is a bug: "info", and it ends the worker.
+        """
+        self._ops += 1
+        op = {"process": self.process, "op": self._ops, "f": f}
+        self.history.write("invoke", **op, **fields)
+        try:
+            value = call()
+        except Exception as exc:
+            known = isinstance(exc, LockError) and not isinstance(exc, StoreError)
+            self.history.write(
+                "fail" if known else "info", **op, error=type(exc).__name__, message=str(exc)[:300]
+            )
+            if isinstance(exc, StoreError):
+                raise Retire(f"{f}: {exc}") from exc
+            raise
+        self.history.write("ok", **op, **result(value))
+        return value
+
+
+def _nothing(_: object) -> dict[str, Any]:
+    return {}
+
+
+class Worker:
+    def __init__(self, config: Config, slot: int, incarnation: int) -> None:
+        self.config = config
+        self.slot = slot
+        self.incarnation = incarnation
+        self.rng = random.Random(f"{config.seed}:{slot}:{incarnation}")
+        self.history = HistoryWriter(config.history)
+        self.board = Board(config.board, config.workers)
+        self.parent = os.getppid()
+        self.store = self._until_reachable(lambda: lockwarden.connect(config.worker_url(slot)))
+        self.registers = registers_for(config, self.store, config.application_name(slot))
+
+    def run(self) -> None:
+        for n in range(sys.maxsize):
+            process = f"{self.slot}.{self.incarnation}.{n}"
+            session = self._until_reachable(
+                lambda: self.store.session(app_id=self.config.app_id, ttl=self.config.ttl)
+            )
+            self.history.write(
+                "process", process=process, slot=self.slot, pid=os.getpid(), session=session.id
+            )
+            client = Client(self.history, process, session)
+            try:
+                while True:
+                    self._operation(client)
+            except Retire as why:
+                self.history.write("retire", process=process, reason=str(why)[:300])
+            self.board.set(self.slot, Board.IDLE)
+            with contextlib.suppress(LockError):  # then it no longer beats: its rows expire
+                session.close()
+
+    def _until_reachable(self, call: Callable[[], T]) -> T:
+        """Call until the database answers (it may be restarting)."""
+        while True:
+            self._exit_if_orphaned()
+            try:
+                return call()
+            except StoreError:
+                time.sleep(RECONNECT_PAUSE)
+
+    def _exit_if_orphaned(self) -> None:
+        if os.getppid() != self.parent:  # the controller is gone: stop loading the database
+            raise SystemExit(0)
+
+    def _pick(self) -> list[tuple[str, str]]:
+        count = 2 if self.rng.random() < MULTI_LOCK else 1
+        names = self.rng.sample(self.config.lock_names, count)
+        return [(name, "read" if self.rng.random() < READ_MODE else "write") for name in names]
+
+    def _operation(self, client: Client) -> None:
+        self._exit_if_orphaned()
+        items = self._pick()
+        timeout = ACQUIRE_TIMEOUT * self.config.ttl
+        self.board.set(self.slot, Board.ACQUIRING)
+        session = client.session
+        try:
+            stamp: Stamp = client.perform(
+                "acquire",
+                (
+                    (lambda: session.lock(*items[0], timeout=timeout))
+                    if len(items) == 1
+                    else (lambda: session.lock_many(items, timeout=timeout))
+                ),
+                lambda s: {"tokens": s.tokens},
+                locks=items,
+            )
+        except LockLost as exc:
+            raise Retire("the session was lost") from exc
+        except LockError:
+            if len(items) > 1:  # a multi-lock refused must have left nothing held
+                names = [name for name, _ in items]
+                client.perform(
+                    "held",
+                    lambda: _held_by(self.store, session, names),
+                    lambda held: {"held": held},
+                    names=names,
+                )
+            self.board.set(self.slot, Board.IDLE)
+            return
+        self.board.set(self.slot, Board.HOLDING)
+        self._critical_section(client, stamp, items)
+        with contextlib.suppress(LockLost):  # recorded: the lock was lost before the release
+            client.perform("release", stamp.release, _nothing, names=list(stamp.tokens))
+        self.board.set(self.slot, Board.IDLE)
+        if session.lost:
+            raise Retire("the session was lost")
+        time.sleep(self.rng.uniform(0, 0.05))
+
+    def _critical_section(self, client: Client, stamp: Stamp, items: list[tuple[str, str]]) -> None:
+        """Read every register, maybe sleep, then write (write locks) or read again (read locks).
+
+        A register that refuses the token means the lock was lost: stop, and
+        ask the store (``check``) whether it still counted us as the holder.
+        """
+        tokens = stamp.tokens
+        try:
+            values = {name: self._read(client, name, tokens[name]) for name, _ in items}
+            self.board.set(self.slot, Board.MIDWAY)
+            if self.rng.random() < SLEEP_INSIDE:
+                time.sleep(self.rng.uniform(0, SLEEP_LONGEST * self.config.ttl))
+            for name, mode in items:
+                if mode == "write":
+                    value = values[name] + 1
+                    client.perform(
+                        "write",
+                        functools.partial(self.registers.write, name, tokens[name], value),
+                        _nothing,
+                        name=name,
+                        token=tokens[name],
+                        value=value,
+                    )
+                else:
+                    self._read(client, name, tokens[name])
+        except LockLost:
+            with contextlib.suppress(LockLost):  # recorded: the store agrees the lock was lost
+                client.perform("check", stamp.check, _nothing, names=list(tokens))
+
+    def _read(self, client: Client, name: str, token: int) -> int:
+        return client.perform(
+            "read",
+            lambda: self.registers.read(name, token),
+            lambda value: {"value": value},
+            name=name,
+            token=token,
+        )
+
+
+def _held_by(store: Store, session: Session, names: list[str]) -> list[str]:
+    """Which of ``names`` the store says ``session`` holds."""
+    return sorted(
+        {e.name for n in names for e in store.locks(n) if e.holder.session_id == session.id}
+    )
+
+
+def main(argv: list[str]) -> None:
+    config_json, slot, incarnation = argv
+    Worker(Config.from_json(config_json), int(slot), int(incarnation)).run()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,73 @@
+"""The harness's short run, as CI runs it: 60 s with seed 7 on each backend, no violation.
+
+Both runs start together (each in a store of its own: an SQLite file in a
+temporary directory, a PostgreSQL schema of its own) and take about 65 s of
+wall time in all; they are light (mostly sleeping workers). No PostgreSQL
+restarts here: the server is shared.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos.check import SAFETY
+from chaos.run import ROOT
+
+pytestmark = pytest.mark.slow
+
+DURATION, SEED = 60, 7
+BACKENDS = ("sqlite", "postgres")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """Start one run per backend at once; each test waits for its own."""
+    directory = tmp_path_factory.mktemp("chaos")
+    started = {
+        backend: subprocess.Popen(
+            [
+                *(sys.executable, "-m", "chaos", "--backend", backend),
+                *("--duration", str(DURATION), "--seed", str(SEED)),
+                *("--history", str(directory / f"{backend}.jsonl")),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for backend in BACKENDS
+    }
+    yield started
+    for proc in started.values():
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_short_run_under_faults_finds_no_violation(
+    runs: dict[str, subprocess.Popen[str]], backend: str
+) -> None:
+    proc = runs[backend]
+    output, _ = proc.communicate(timeout=DURATION + 60)
+    history = Path(proc.args[-1])  # type: ignore[index]
+    summary: dict[str, Any] = json.loads(history.with_suffix(".summary.json").read_text())
+    assert proc.returncode == 0, output
+    assert summary["safe"] and summary["valid"], output
+    assert summary["violations"] == dict.fromkeys(SAFETY, 0)
+    # The run did work and the nemesis did its job...
+    assert summary["operations"]["acquire"]["ok"] > 300, output
+    deaths = sum(summary["faults"].get(kind, 0) for kind in ("kill", "kill-writer", "pause"))
+    assert deaths >= 5, output
+    # ...and a dead holder's locks came free in about a TTL (the waiter looks again then;
+    # a multi-lock next in line may also wait for another name whose holder died later).
+    live = summary["liveness"]
+    assert live["recoveries"] >= 3, output
+    assert live["p50"] <= 1.25 * live["ttl"], output
+    assert live["max_in_ttls"] <= 3.0, output
