@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from lockwarden.store import Store
+from lockwarden.store import Store, queries
 
 from .conftest import Background, Child, wait_for
 
@@ -51,3 +51,14 @@ def test_a_busy_writer_does_not_starve_a_heartbeat(store: Store) -> None:
     assert done.is_set()
     held.check()  # still live: its beats went through between the busy writer's transactions
     assert not quiet.lost
+
+
+@pytest.mark.parametrize("statement", ["ACQUIRE_STATE", "GRANTED", "CHECK", "RELEASE"])
+def test_a_request_is_found_through_its_own_index(store: Store, statement: str) -> None:
+    """Not through lw_holders_session: that walked every lock the session holds, so acquire
+    and release slowed with each lock a session took (found by bench/store.py)."""
+    params = {"session": "s", "request": "r", "names": ["a"], "modes": ["X"]}
+    plan = store._backend.query("EXPLAIN QUERY PLAN " + getattr(queries, statement), params)
+    details = " / ".join(row["detail"] for row in plan)
+    assert "lw_holders_request" in details
+    assert "lw_holders_session" not in details

@@ -39,6 +39,19 @@ def test_accepted(url: str, backend: str, target: str, schema: str) -> None:
     assert (parsed.backend, parsed.target, parsed.schema) == (backend, target, schema)
 
 
+def test_a_space_in_a_parameter_reaches_libpq_as_a_space(pg_url: str) -> None:
+    """Re-encoded with %20, not "+", which libpq would pass on as a plus sign."""
+    url = pg_url + "&options=-c%20lock_timeout%3D4321"
+    assert "options=-c%20lock_timeout%3D4321" in parse_url(url).target
+    store = lockwarden.connect(url)
+    try:
+        assert store._backend.query("SELECT current_setting('lock_timeout') AS t") == [
+            {"t": "4321ms"}
+        ]
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize(
     ("url", "message"),
     [

@@ -46,8 +46,9 @@ def functions(schema: str) -> list[str]:
 
     A PL/pgSQL function pays for every statement it runs, so the common
     path is short: lock the names, read the state, insert the grant (or, for
-    a release, delete it). Both run with generic plans and without bitmap
-    scans (design note, "Cost").
+    a release, delete it). Both run with generic plans, and without bitmap
+    or sequential scans (design note, "Cost"). Whenever their text changes,
+    the schema version that changes it re-creates them (`steps`).
     """
     d = queries.plpgsql(schema)
     key = lock_key(schema)
@@ -68,6 +69,7 @@ RETURNS jsonb
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 SET enable_bitmapscan = off
+SET enable_seqscan = off
 AS $fn$
 DECLARE
     _now double precision;
@@ -167,6 +169,7 @@ RETURNS bigint
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 SET enable_bitmapscan = off
+SET enable_seqscan = off
 AS $fn$
 DECLARE
     _n bigint;
@@ -195,5 +198,7 @@ def steps(schema: str) -> dict[int, list[str]]:
             f"CREATE SEQUENCE {schema}.lw_token_seq CACHE 1",
             f"CREATE SEQUENCE {schema}.lw_queue_seq CACHE 1",
             *functions(schema),
-        ]
+        ],
+        # Version 3: the functions never plan a sequential scan (CREATE OR REPLACE).
+        3: functions(schema),
     }

@@ -14,7 +14,7 @@ from typing import Final
 
 from lockwarden.errors import StoreError
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 
 BOOTSTRAP: Final = """CREATE TABLE IF NOT EXISTS {p}lw_meta (
     key TEXT PRIMARY KEY,
@@ -86,6 +86,12 @@ _STEPS: Final[dict[int, Sequence[str]]] = {
         # that only reads is refused behind a newer write, not behind a newer reader.
         "ALTER TABLE {p}lw_fences ADD COLUMN written BIGINT NOT NULL DEFAULT 0",
         "UPDATE {p}lw_fences SET written = token",  # as strict as before for old rows
+    ),
+    3: (
+        # Lookups by request (a retried acquire, check, release): without this
+        # SQLite went through lw_holders_session, a scan of every lock the
+        # session holds, so acquire and release slowed with each lock held.
+        "CREATE INDEX IF NOT EXISTS lw_holders_request ON {p}lw_holders (request_id, session_id)",
     ),
 }
 

@@ -101,7 +101,10 @@ def _postgres(url: str) -> StoreURL:
         )
     if not any(key == "connect_timeout" for key, _ in rest):
         rest.append(("connect_timeout", "10"))  # libpq waits forever for a silent host
-    target = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(rest), ""))
+    # quote, not urlencode's default quote_plus: libpq reads "+" as a plus, not a space.
+    target = urlunsplit(
+        (parts.scheme, parts.netloc, parts.path, urlencode(rest, quote_via=quote), "")
+    )
     return StoreURL("postgresql", target, schema, _redact(url))
 
 
@@ -122,6 +125,6 @@ def _redact(url: str) -> str:
         user = quote(parts.username or "", safe="")
         host = netloc.rpartition("@")[2]
         netloc = f"{user}@{host}"
-    query = urlencode([(k, v) for k, v in params if not _secret(k)])
+    query = urlencode([(k, v) for k, v in params if not _secret(k)], quote_via=quote)
     # Written out: urlunsplit drops the "//" of an empty host for schemes it does not know.
     return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
