@@ -134,34 +134,27 @@ class LockLost(LockError):
         self.token = token
 
 
-class HolderUnresponsive(LockError):
+class _BlockedByHolder(LockError):
+    """A request given up because of who holds the lock: says who, so the reader can act."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str | None = None,
+        holder: Holder | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.name = name
+        self.holder = holder
+
+
+class HolderUnresponsive(_BlockedByHolder):
     """The holder stopped heartbeating and the policy forbids taking the lock over."""
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        name: str | None = None,
-        holder: Holder | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.name = name
-        self.holder = holder
 
-
-class HeldTooLong(LockError):
+class HeldTooLong(_BlockedByHolder):
     """The holder is alive but has held the lock longer than the store's ``max_hold``."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        name: str | None = None,
-        holder: Holder | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.name = name
-        self.holder = holder
 
 
 class StoreError(LockError):

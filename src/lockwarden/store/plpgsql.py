@@ -57,6 +57,11 @@ def functions(schema: str) -> list[str]:
     PERFORM pg_advisory_xact_lock({key}, k.bucket)
     FROM (SELECT DISTINCT (hashtextextended(n, 0) & {BUCKETS - 1})::integer AS bucket
           FROM unnest(_names) AS n ORDER BY 1) AS k;"""
+    # How both functions are planned (design note, "Cost").
+    planner = """LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_bitmapscan = off
+SET enable_seqscan = off"""
     relax = """
     IF _relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
@@ -66,10 +71,7 @@ CREATE OR REPLACE FUNCTION {schema}.lw_acquire(
     _session text, _request text, _names text[], _modes text[],
     _enqueue boolean, _refuse boolean, _wait double precision, _relaxed boolean)
 RETURNS jsonb
-LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
-SET enable_bitmapscan = off
-SET enable_seqscan = off
+{planner}
 AS $fn$
 DECLARE
     _now double precision;
@@ -166,10 +168,7 @@ $fn$"""
 CREATE OR REPLACE FUNCTION {schema}.lw_release(
     _session text, _request text, _names text[], _relaxed boolean)
 RETURNS bigint
-LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
-SET enable_bitmapscan = off
-SET enable_seqscan = off
+{planner}
 AS $fn$
 DECLARE
     _n bigint;
