@@ -68,6 +68,8 @@ def test_a_short_run_under_faults_finds_no_violation(
     # ...and a dead holder's locks came free in about a TTL (the waiter looks again then;
     # a multi-lock next in line may also wait for another name whose holder died later).
     live = summary["liveness"]
-    assert live["recoveries"] >= 3, output
+    # How many deaths hit a write holder with a waiter behind it depends on timing,
+    # not only on the seed (2 to 8 seen in 60 s): one measurement is all this needs.
+    assert live["recoveries"] >= 1, output
     assert live["p50"] <= 1.25 * live["ttl"], output
     assert live["max_in_ttls"] <= 3.0, output
