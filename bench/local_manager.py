@@ -156,11 +156,7 @@ def _handoff_manager(rounds: int) -> list[float]:
             got[me].acquire()
 
     txns[0].lock(row, Mode.X)
-    threads = [threading.Thread(target=player, args=(k,)) for k in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _play_both(player)
     return latencies
 
 
@@ -192,12 +188,17 @@ def _handoff_condition(rounds: int) -> list[float]:
                 cond.notify()
             got[me].acquire()
 
+    _play_both(player)
+    return latencies
+
+
+def _play_both(player: Callable[[int], None]) -> None:
+    """Run players 0 and 1 in two threads, to the end."""
     threads = [threading.Thread(target=player, args=(k,)) for k in (0, 1)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return latencies
 
 
 # -- deadlock detection among 10,000 waiting transactions ---------------------------------
