@@ -1,4 +1,4 @@
-"""The mode algebra: compatibility matrix (L1) and the upgrade lattice (L3)."""
+"""The mode algebra: the compatibility matrix and the upgrade lattice."""
 
 from __future__ import annotations
 

@@ -9,7 +9,9 @@ knows nothing of lockwarden still does the right thing.
 
 Messages are written for the person reading the log: what happened, to which
 lock, who is in the way, and what to do next. The same facts are attributes,
-for programs.
+for programs, under the same names in both engines: ``name`` is what the
+request asked for, ``mode`` its mode, ``timeout`` its limit, ``blockers``
+and ``cycle`` who was in the way (docs/contract.md).
 """
 
 from __future__ import annotations
@@ -74,17 +76,26 @@ class LockTimeout(LockError, TimeoutError):
         self,
         message: str,
         *,
-        resource: object = None,
+        name: object = None,
         mode: object = None,
         timeout: float | None = None,
         blockers: tuple[object, ...] = (),
+        resource: object = None,
     ) -> None:
         super().__init__(message)
-        self.resource = resource
+        self.name = name if resource is None else resource
+        """What was asked for: a lock name (a tuple of names for a multi-lock) in the store, a
+        resource tuple in the lock manager (``(index name, key)`` for a range lock)."""
         self.mode = mode
         self.timeout = timeout
+        """The time limit the request had, in seconds (0: a try)."""
         self.blockers = blockers
         """Who was in the way: owner ids in the local manager, `Holder` records in the store."""
+
+    @property
+    def resource(self) -> object:
+        """The same as `name` (the keyword and attribute of earlier versions)."""
+        return self.name
 
 
 class Deadlock(LockError):
@@ -98,19 +109,35 @@ class Deadlock(LockError):
         self,
         message: str,
         *,
-        resource: object = None,
+        name: object = None,
         mode: object = None,
         cycle: tuple[object, ...] = (),
+        resource: object = None,
     ) -> None:
         super().__init__(message)
-        self.resource = resource
+        self.name = name if resource is None else resource
+        """What the refused request asked for, as in `LockTimeout.name`."""
         self.mode = mode
         self.cycle = cycle
         """The owners in the cycle, the victim first (txn ids locally, session ids in the store)."""
 
+    @property
+    def resource(self) -> object:
+        """The same as `name` (the keyword and attribute of earlier versions)."""
+        return self.name
+
 
 class NotHeld(LockError, RuntimeError):
-    """A release of something this owner does not hold (unknown or already released)."""
+    """A release of something this owner does not hold (unknown or already released).
+
+    Raised before anything changes, like `LockUsageError`; a `RuntimeError`
+    as for ``threading.Lock().release()`` of an unlocked lock.
+    """
+
+    def __init__(self, message: str, *, name: object = None) -> None:
+        super().__init__(message)
+        self.name = name
+        """What the release named, when the engine knows it (as in `LockTimeout.name`)."""
 
 
 class LockLost(LockError):

@@ -112,6 +112,11 @@ class Mode(enum.Enum):
     def __repr__(self) -> str:
         return f"Mode.{self.value}"
 
+    @property
+    def word(self) -> str:
+        """How the shared store says this mode: "read" for S, "write" for X (others: the name)."""
+        return "read" if self is Mode.S else "write" if self is Mode.X else self.value
+
 
 _ORDER = (Mode.IS, Mode.IX, Mode.S, Mode.SIX, Mode.X)
 

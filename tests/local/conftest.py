@@ -39,7 +39,7 @@ class Attempt:
 
     def queued(self, timeout: float = 5.0) -> Attempt:
         deadline = time.monotonic() + timeout
-        while self.txn.waiting_request is None:
+        while self.txn._waiting is None:
             if self._done.is_set():
                 raise AssertionError(f"call ended instead of queueing: {self.error or self.result}")
             if time.monotonic() > deadline:

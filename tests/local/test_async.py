@@ -1,4 +1,4 @@
-"""The asyncio form: a wait suspends the task; cancellation leaves nothing behind (L12)."""
+"""The asyncio form: a wait suspends the task; cancellation leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def run(coro: object) -> object:
 
 
 async def queued(txn: object) -> None:
-    while txn.waiting_request is None:  # type: ignore[attr-defined]
+    while txn._waiting is None:  # type: ignore[attr-defined]
         await asyncio.sleep(0)
 
 
@@ -55,7 +55,7 @@ def test_cancelling_a_waiting_task_removes_its_request(mgr: LockManager) -> None
             await task
         assert await follower is S  # the X in front of it is gone
         assert waiter.held(ROW) is None and waiter.held(("orders",)) is None
-        assert waiter.waiting_request is None
+        assert waiter._waiting is None
         assert {(i.owner, i.mode) for i in mgr.locks() if i.resource == ROW} == {
             (holder.id, S),
             (behind.id, S),

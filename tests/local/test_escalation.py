@@ -1,10 +1,10 @@
-"""Lock escalation: many row locks become one table lock, if that need not wait (L10)."""
+"""Lock escalation: many row locks become one table lock, if that need not wait."""
 
 from __future__ import annotations
 
 import pytest
 
-from lockwarden import LockManager, LockUsageError, Mode
+from lockwarden import LockManager, Mode, NotHeld
 
 S, X, IS, IX, SIX = Mode.S, Mode.X, Mode.IS, Mode.IX, Mode.SIX
 
@@ -26,7 +26,7 @@ def test_crossing_the_threshold_escalates(row_mode: Mode, table_mode: Mode) -> N
     assert txn.held(("t", 3)) is table_mode
     assert txn.lock(("t", 99), row_mode) is table_mode  # covered: nothing new is locked
     assert len(mgr.locks()) == 1
-    with pytest.raises(LockUsageError, match="escalation"):
+    with pytest.raises(NotHeld, match="escalation"):
         txn.unlock(("t", 3))
 
 

@@ -1,4 +1,4 @@
-"""Snapshots, the waits-for graph and counters (L11)."""
+"""Snapshots, the waits-for graph and counters."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The read/write latch: counts only, writers and readers both served (L9)."""
+"""The read/write latch: counts only, writers and readers both served."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from lockwarden import LockUsageError
+from lockwarden import NotHeld
 from lockwarden.local import RWLatch
 
 
@@ -97,9 +97,9 @@ def test_readers_are_not_starved_by_a_stream_of_writers() -> None:
             t.join()
 
 
-def test_release_without_acquire_is_a_usage_error() -> None:
+def test_release_without_acquire_is_not_held() -> None:
     latch = RWLatch()
-    with pytest.raises(LockUsageError):
+    with pytest.raises(NotHeld):
         latch.release_read()
-    with pytest.raises(LockUsageError):
+    with pytest.raises(NotHeld):
         latch.release_write()

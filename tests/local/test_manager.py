@@ -1,13 +1,14 @@
-"""Hierarchy, re-requests, unlocking and input checks of the in-process manager (L1 to L3)."""
+"""Hierarchy, re-requests, unlocking and input checks of the in-process manager."""
 
 from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import pytest
 
-from lockwarden import LockManager, LockTimeout, LockUsageError, Mode
+from lockwarden import LockManager, LockTimeout, LockUsageError, Mode, NotHeld
 
 IS, IX, S, SIX, X = Mode.IS, Mode.IX, Mode.S, Mode.SIX, Mode.X
 T = ("orders",)
@@ -88,7 +89,7 @@ def test_a_lock_covered_by_an_ancestor_adds_nothing(mgr: LockManager) -> None:
     assert txn.lock(("orders", 1), S) is S  # implied by S on the table
     assert entries(mgr) == {(T, txn.id, S, True)}
     assert txn.held(("orders", 1)) is S
-    with pytest.raises(LockUsageError, match=r"only through its S lock on \('orders',\)"):
+    with pytest.raises(NotHeld, match=r"only through its S lock on \('orders',\)"):
         txn.unlock(("orders", 1))
 
 
@@ -128,9 +129,9 @@ def test_unlocking_what_is_not_held_changes_nothing(mgr: LockManager) -> None:
     a, b = mgr.begin(), mgr.begin()
     a.lock(("orders", 1), X)
     before = entries(mgr)
-    with pytest.raises(LockUsageError, match="holds no lock"):
+    with pytest.raises(NotHeld, match="holds no lock"):
         b.unlock(("orders", 1))
-    with pytest.raises(LockUsageError, match="holds no lock"):
+    with pytest.raises(NotHeld, match="holds no lock"):
         a.unlock(("orders", 2))
     assert entries(mgr) == before
 
@@ -151,7 +152,7 @@ def test_release_all_and_the_context_manager(mgr: LockManager) -> None:
         txn.lock(("items",), S)
         assert len(mgr.locks()) == 12
     assert mgr.locks() == []
-    assert mgr._queues == {}  # queues exist only while locked (L4)
+    assert mgr._queues == {}  # queues exist only while locked
 
 
 def test_modes_may_be_given_by_name(mgr: LockManager) -> None:
@@ -191,6 +192,9 @@ def test_bad_timeouts_are_usage_errors(mgr: LockManager, timeout: object) -> Non
         {"wait_timeout": 1.0},  # above the default maximum 0.6
         {"ddl_wait_timeout": -1},
         {"max_wait_timeout": math.nan},
+        {"max_ddl_wait_timeout": math.inf},
+        {"strict": 1},
+        {"metadata_locks": "yes"},
     ],
 )
 def test_bad_manager_settings_are_usage_errors(kwargs: dict[str, object]) -> None:
@@ -198,8 +202,84 @@ def test_bad_manager_settings_are_usage_errors(kwargs: dict[str, object]) -> Non
         LockManager(**kwargs)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("wait_timeout", -5),
+        ("wait_timeout", 0.1),
+        ("escalation_threshold", 10),
+        ("victim", "youngest"),
+    ],
+)
+def test_settings_are_read_only(setting: str, value: object) -> None:
+    mgr = LockManager()
+    before = getattr(mgr, setting)
+    with pytest.raises(AttributeError):
+        setattr(mgr, setting, value)
+    assert getattr(mgr, setting) == before
+
+
+def test_none_waits_up_to_the_class_maximum_and_a_default_of_none_too() -> None:
+    mgr = LockManager(wait_timeout=None, max_wait_timeout=0.1)
+    holder, waiter = mgr.begin(), mgr.begin()
+    holder.lock(("orders", 1), X)
+    for call in (
+        lambda: waiter.lock(("orders", 1), X, timeout=None),
+        lambda: waiter.lock(("orders", 1), X),
+    ):
+        with pytest.raises(LockTimeout) as err:
+            call()
+        assert err.value.timeout == 0.1
+    assert mgr.wait_timeout is None
+
+
 def test_txn_ids_grow_in_begin_order() -> None:
     mgr = LockManager()
     ids = [mgr.begin().id for _ in range(5)]
     assert ids == sorted(ids) and len(set(ids)) == 5
     assert "Txn 1 'x'" in repr(LockManager().begin("x"))
+
+
+def test_the_uncontended_path_takes_a_released_parent_again(mgr: LockManager) -> None:
+    txn, other = mgr.begin(), mgr.begin()
+    txn.lock(("orders",), IX)
+    txn.lock(("orders", 1), X)  # the parent is remembered for the next row...
+    txn.unlock(("orders", 1))
+    txn.unlock(("orders",))  # ...and released
+    other.lock(("orders",), X)
+    with pytest.raises(LockTimeout):
+        txn.lock(("orders", 2), X, timeout=0)
+    with pytest.raises(LockTimeout):
+        txn.lock(("orders", 2), X)  # the uncontended path too: it needs IX first
+    other.release_all()
+    assert txn.lock(("orders", 2), X) is X
+    assert txn.held(("orders",)) is IX
+
+
+def test_requests_kept_from_unlocks_hold_nothing_of_their_past(mgr: LockManager) -> None:
+    txn, other = mgr.begin(), mgr.begin()
+    txn.lock(("orders",), IX)
+    for i in range(3):
+        txn.lock(("orders", i), X)
+        txn.unlock(("orders", i))
+    txn.lock(("orders", 7), S)
+    other.lock(("orders",), IS)
+    assert other.lock(("orders", 8), S) is S
+    with pytest.raises(LockTimeout):
+        other.lock(("orders", 7), X, timeout=0)
+    assert entries(mgr) == {
+        (("orders",), txn.id, IX, True),
+        (("orders", 7), txn.id, S, True),
+        (("orders",), other.id, IS, True),
+        (("orders", 8), other.id, S, True),
+    }
+
+
+def test_an_uncontended_lock_gets_its_time_when_first_seen(mgr: LockManager) -> None:
+    txn = mgr.begin()
+    txn.lock(("orders",), IX)
+    txn.lock(("orders", 1), X)
+    before = time.monotonic()
+    [since] = [i.since for i in mgr.locks() if i.resource == ("orders", 1)]
+    assert before <= since <= time.monotonic()
+    assert [i.since for i in mgr.locks() if i.resource == ("orders", 1)] == [since]

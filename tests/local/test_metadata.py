@@ -1,10 +1,10 @@
-"""Metadata locks: taken before data locks, exclusive priority, bounded streak (L8)."""
+"""Metadata locks: taken before data locks, exclusive priority, bounded streak."""
 
 from __future__ import annotations
 
 import pytest
 
-from lockwarden import LockManager, LockTimeout, LockUsageError, Mode
+from lockwarden import LockManager, LockTimeout, LockUsageError, Mode, NotHeld
 from tests.local.conftest import Attempt
 
 S, X, IX = Mode.S, Mode.X, Mode.IX
@@ -91,7 +91,7 @@ def test_metadata_lock_misuse() -> None:
     txn.unlock(("orders",))
     txn.unlock_metadata("orders")
     assert mgr.locks() == []
-    with pytest.raises(LockUsageError, match="holds no metadata lock"):
+    with pytest.raises(NotHeld, match="holds no metadata lock"):
         txn.unlock_metadata("orders")
 
 

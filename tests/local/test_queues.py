@@ -1,4 +1,4 @@
-"""FIFO queues, upgrades and timeouts (L4, L5, L6)."""
+"""FIFO queues, upgrades and timeouts."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def granted(mgr: LockManager, resource: object) -> set[tuple[int, Mode]]:
 
 
 def test_release_grants_only_what_the_queue_order_allows(mgr: LockManager) -> None:
-    """X held; S, X, S queued: releasing X grants only the first S (L4)."""
+    """X held; S, X, S queued: releasing X grants only the first S."""
     holder, s1, x2, s3 = (mgr.begin() for _ in range(4))
     holder.lock(ROW, X)
     a1 = Attempt(s1, s1.lock, ROW, S, timeout=5).queued()
@@ -57,7 +57,7 @@ def test_a_compatible_newcomer_does_not_barge_past_a_waiter(mgr: LockManager) ->
 
 
 def test_a_waiter_that_times_out_unblocks_the_ones_behind_it(mgr: LockManager) -> None:
-    """S held, X waits 0.2 s, S behind it: the second S is granted when X gives up (L4, L6)."""
+    """S held, X waits 0.2 s, S behind it: the second S is granted when X gives up."""
     holder, writer, reader = mgr.begin(), mgr.begin(), mgr.begin()
     holder.lock(ROW, S)
     w = Attempt(writer, writer.lock, ROW, X, timeout=0.2).queued()
@@ -74,7 +74,7 @@ def test_a_waiter_that_times_out_unblocks_the_ones_behind_it(mgr: LockManager) -
 
 
 def test_an_upgrade_waits_only_for_other_holders_and_goes_first(mgr: LockManager) -> None:
-    """L5: the upgrade queues after the granted locks, ahead of earlier waiters."""
+    """The upgrade queues after the granted locks, ahead of earlier waiters."""
     up, other, w1 = mgr.begin(), mgr.begin(), mgr.begin()
     up.lock(ROW, S)
     other.lock(ROW, S)
@@ -97,7 +97,7 @@ def test_an_upgrade_is_granted_at_once_when_alone(mgr: LockManager) -> None:
 
 
 def test_two_owners_upgrading_s_to_x_deadlock_and_one_proceeds(mgr: LockManager) -> None:
-    """L5: the second upgrade closes a cycle; it is refused, the first proceeds once it lets go."""
+    """The second upgrade closes a cycle; it is refused, the first proceeds once it lets go."""
     a, b = mgr.begin(), mgr.begin()
     a.lock(ROW, S)
     b.lock(ROW, S)
@@ -123,7 +123,7 @@ def test_a_failed_try_queues_nothing(mgr: LockManager) -> None:
 
 
 def test_default_timeouts_by_class() -> None:
-    """L6: 50 ms for rows and intention locks, 1.8 s for table-level S/SIX/X."""
+    """Defaults: 50 ms for rows and intention locks, 1.8 s for table-level S/SIX/X."""
     mgr = LockManager()
     assert (mgr.wait_timeout, mgr.max_wait_timeout) == (0.05, 0.6)
     assert (mgr.ddl_wait_timeout, mgr.max_ddl_wait_timeout) == (1.8, 7.2)
@@ -165,7 +165,7 @@ def test_maxima_can_be_removed() -> None:
     a = Attempt(waiter, waiter.lock, ROW, X, timeout=3600).queued()
     holder.unlock(ROW)
     assert a.join() is X
-    assert mgr.begin().lock(("other",), X, timeout=float("inf")) is X
+    assert mgr.begin().lock(("other",), X, timeout=None) is X
 
 
 def test_a_txn_waits_for_one_thing_at_a_time(mgr: LockManager) -> None:

@@ -1,4 +1,4 @@
-"""Locks moving with the index (R3), range scans without phantoms (R4), and their deadlocks."""
+"""Locks moving with the index, range scans without phantoms, and their deadlocks."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def on(mgr: LockManager, key: object) -> set[tuple[int, str, bool]]:
     }
 
 
-# -- R4: phantoms -----------------------------------------------------------------------
+# -- scans: no phantoms--------------------------------------------------------------------
 
 
 def test_an_insert_into_a_scanned_range_waits_for_the_scanner(mgr: LockManager) -> None:
@@ -100,7 +100,7 @@ def test_a_scan_follows_a_key_removed_while_it_waited(mgr: LockManager) -> None:
     assert on(mgr, SUPREMUM) == {(scanner.id, "gap", True)}
 
 
-# -- R3: insert splits the gap ---------------------------------------------------------------
+# -- insert splits the gap ------------------------------------------------------------------
 
 
 def test_an_insert_waits_for_gap_locks_on_the_next_key_not_for_records(mgr: LockManager) -> None:
@@ -156,7 +156,7 @@ def test_the_insert_happens_when_its_intention_is_granted(mgr: LockManager) -> N
     async def main() -> None:
         holder.lock_key(idx, 30, GAP, S)
         task = asyncio.create_task(ins.insert_async(idx, 25, timeout=5))
-        while ins.waiting_request is None:
+        while ins._waiting is None:
             await asyncio.sleep(0)
         holder.release_all()  # grants the intention; the inserting task has not run yet
         assert 25 in idx and on(mgr, 25) == {(ins.id, "X record", True)}
@@ -194,7 +194,7 @@ def test_an_insert_under_an_intention_it_holds_goes_in_at_once(mgr: LockManager)
     assert on(mgr, 20) == set()  # given back as well: it had done its job
 
 
-# -- R3: remove hands every lock to the next key ---------------------------------------------
+# -- remove hands every lock to the next key ---------------------------------------------
 
 
 def test_removal_hands_granted_locks_on_as_gap_locks(mgr: LockManager) -> None:
@@ -219,7 +219,7 @@ def test_removal_merges_with_a_lock_the_owner_has_on_the_next_key(mgr: LockManag
     a.lock_key(idx, 20, NK, X)
     a.lock_key(idx, 30, REC, S)
     idx.remove(20)
-    assert on(mgr, 30) == {(a.id, "S next-key", True)}  # one lock per owner and key (L3)
+    assert on(mgr, 30) == {(a.id, "S next-key", True)}  # one lock per owner and key
     with pytest.raises(Exception, match="still holds 1 lock"):
         a.unlock(("t",))  # counted once under the table
 

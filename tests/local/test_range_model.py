@@ -2,8 +2,9 @@
 
 The model is written from the rules, not from the code: per key, the modes
 granted to each owner (in grant order) and the waiting requests (in queue
-order); R2 as a function of two modes; the grant rule of L4 for arrivals and
-for the walk after a departure; R3 for insert and remove; a wait that closes
+order); the conflict rule as a function of two modes; the grant rule for
+arrivals and for the walk after a departure; how insert and remove move
+locks (src/lockwarden/local/README.md, "Range locks"); a wait that closes
 a cycle in the waits-for graph is refused (the default victim, the
 requester); a call that fails leaves its owner holding what it held before,
 with the index changes made meanwhile applied to that too.
@@ -53,7 +54,7 @@ def join(a: M | None, b: M | None) -> M | None:
 
 
 def waits(wanted: M, held: M) -> bool:
-    """R2: records conflict as S and X; an insert waits for a gap; nothing else waits."""
+    """Records conflict as S and X; an insert waits for a gap; nothing else waits."""
     records = wanted[0] and held[0] and max(wanted[0], held[0]) == 2
     return bool(records or (wanted[2] and held[1]))
 
@@ -218,7 +219,7 @@ class Model:
                 self.set_held(owner, key, call.before.get(key))
         call.outcome = outcome
 
-    # -- R3 --------------------------------------------------------------------------
+    # -- insert and remove-------------------------------------------------------------------
 
     def split(self, owner: int, key: object, heir: object) -> None:
         self.keys = sorted([*self.keys, key])
@@ -335,6 +336,11 @@ modes = st.sampled_from([Mode.S, Mode.X])
 patience = st.sampled_from([0.0, 0.001, math.inf, math.inf])
 
 
+def _timeout(patience: float) -> float | None:
+    """The call's timeout for a patience of the model (infinite: None, no limit)."""
+    return None if patience == math.inf else patience
+
+
 class RangeMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -398,7 +404,7 @@ class RangeMachine(RuleBasedStateMachine):
         i, model = self.owner(data), self.model
         owner = self.ids[i]
         call = Call("lock", patience, model.held(owner), asked=key)
-        coro = self.txns[i].lock_key_async(self.index, key, kind, mode, timeout=patience)
+        coro = self.txns[i].lock_key_async(self.index, key, kind, mode, timeout=_timeout(patience))
         if (key is not SUPREMUM and key not in model.keys) or (
             key is SUPREMUM and kind is Kind.RECORD
         ):
@@ -426,7 +432,7 @@ class RangeMachine(RuleBasedStateMachine):
         key = data.draw(st.sampled_from([*absent, *absent, *model.keys[:1]]))  # some are there
         patience = math.inf if wait else 0.0
         call = Call("insert", patience, model.held(owner), insert_key=key)
-        coro = self.txns[i].insert_async(self.index, key, timeout=patience)
+        coro = self.txns[i].insert_async(self.index, key, timeout=_timeout(patience))
         model.calls[owner] = call
         model.insert_step(owner)
         model.settle()

@@ -1,4 +1,4 @@
-"""Range locks on an ordered index: the conflict rules of R2, their table, their checks."""
+"""Range locks on an ordered index: the conflicts between two owners, their table, their checks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from lockwarden import Deadlock, LockManager, LockTimeout, LockUsageError, Mode
+from lockwarden import Deadlock, LockManager, LockTimeout, LockUsageError, Mode, NotHeld
 from lockwarden.local import SUPREMUM, Index, Kind, RangeMode
 from tests.local.conftest import Attempt
 
@@ -15,7 +15,7 @@ S, X, IS, IX = Mode.S, Mode.X, Mode.IS, Mode.IX
 REC, GAP, NK, II = Kind.RECORD, Kind.GAP, Kind.NEXT_KEY, Kind.INSERT_INTENTION
 REQUESTS = [(kind, mode) for kind in Kind for mode in (S, X)]
 
-# R2 written out: does a request (row) wait for another owner's lock (column)?
+# The conflict rule written out: does a request (row) wait for another owner's lock (column)?
 # R = record only, G = gap, N = next-key, I = insert intention; then S or X.
 TABLE = """
         RS RX GS GX NS NX IS IX
@@ -56,7 +56,7 @@ def range_entries(mgr: LockManager) -> set[tuple[object, int, str, bool]]:
     }
 
 
-# -- R2: the compatibility table ------------------------------------------------------
+# -- the compatibility table ------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("held", "wanted"), list(itertools.product(REQUESTS, REQUESTS)))
@@ -90,7 +90,7 @@ def test_one_owner_never_waits_for_itself_and_holds_the_join(
     assert held.record is (X if X in records else S if records else None)
     assert held.gap == (one.gap or two.gap)
     assert held.insert_intention == (one.insert_intention or two.insert_intention)
-    assert range_entries(mgr) == {(("pk", 20), a.id, held.value, True)}  # one lock (L3)
+    assert range_entries(mgr) == {(("pk", 20), a.id, held.value, True)}  # one lock
 
 
 def test_the_mode_names_say_what_is_locked() -> None:
@@ -120,7 +120,10 @@ def test_on_the_supremum_only_an_insert_intention_waits(
 
 
 def test_no_request_is_granted_ahead_of_a_waiter_it_would_wait_for(mgr: LockManager) -> None:
-    """RULE4 with one-way conflicts: what waits for a waiting request queues behind it."""
+    """No grant past a waiting request it would wait for, with one-way conflicts.
+
+    What waits for a waiting request queues behind it.
+    """
     idx = index_of(mgr)
     holder, writer, reader, inserter, gapper = (mgr.begin() for _ in range(5))
     holder.lock_key(idx, 20, REC, S)
@@ -253,7 +256,7 @@ def test_misuse_is_refused_with_what_to_do(mgr: LockManager) -> None:
         txn.insert(idx, 20)
     with pytest.raises(LockUsageError, match="not in index 'pk'; only keys"):
         idx.remove(15)
-    with pytest.raises(LockUsageError, match="holds no range lock"):
+    with pytest.raises(NotHeld, match="holds no range lock"):
         txn.unlock_key(idx, 20)
     with pytest.raises(LockUsageError, match="exists"):
         mgr.index("pk", table=("t",))
@@ -336,7 +339,7 @@ def test_a_cancelled_range_scan_gives_back_what_it_took(mgr: LockManager) -> Non
 
     async def main() -> None:
         task = asyncio.create_task(scanner.lock_range_async(idx, 10, 30, S, timeout=5))
-        while scanner.waiting_request is None:
+        while scanner._waiting is None:
             await asyncio.sleep(0)
         assert scanner.held_key(idx, 10) is RangeMode.of(NK, S)
         task.cancel()

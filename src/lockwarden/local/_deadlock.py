@@ -1,101 +1,119 @@
-"""The waits-for search run when a request has to wait (rule L7).
+"""Deadlock detection: the waits-for search run when a request starts to wait, and its verdict.
 
-A cycle can only be closed by a new wait, so searching from the requester at
-the moment it starts to wait finds every deadlock, and finds it once: the
-graph had no cycle before this edge was added, so every cycle found passes
-through the requester.
+A cycle in the waits-for graph can only be closed by a new wait (README.md,
+"Deadlocks"), so searching from the requester at the moment it starts to wait
+finds every deadlock, and finds it once: the graph had no cycle before this
+edge was added, so every cycle found passes through the requester.
 
-The search is a depth-first walk over waits-for edges (a waiter → the owners
-of incompatible granted locks and of incompatible requests ahead of it in its
-queue). Two things keep it linear in the size of the graph rather than in the
-number of edges, which in a long FIFO queue is quadratic (every waiter waits
-for every incompatible waiter ahead of it):
+The search is a depth-first walk over waits-for edges: a waiting request →
+the owners of incompatible granted locks and of incompatible requests ahead
+of it in its queue. Its cost is the number of edges it follows, so nothing
+is computed twice:
 
-- each owner is expanded once (`seen`);
-- edges are not enumerated again for a (queue, mode) pair already scanned:
-  granted locks once per pair, and the waiting list only from where the last
-  scan of that pair stopped. An owner reached through a skipped edge has
-  already been pushed, so it is either fully explored or on the current path;
-  either way exploring it again cannot reach the requester. The one edge that
-  must not be lost to this is an edge *to the requester* (whose own scan
-  skips itself), so a granted scan records whether the requester was among
-  the holders it saw.
+- Each waiting request keeps the owners it waits for (`Request.edges`),
+  stamped with its queue's `version`; a later search reuses them until that
+  queue changes. Searches repeat over the same waiters (each new waiter
+  searches again from itself), so most nodes of a long chain or a wide fan
+  cost one list walk.
+- In a long queue a FIFO makes the edges quadratic (each waiter waits for
+  every incompatible waiter ahead), so there the edges are not kept but
+  enumerated once per (queue, mode) pair and search: granted holders once,
+  the waiting list only from where the last scan of that pair stopped. An
+  owner reached through a skipped edge has been pushed already, so it is
+  either fully explored or on the current path, and exploring it again
+  cannot reach the requester. The one edge this could lose is an edge *to
+  the requester* (whose own scan skips itself), so a scan of the granted
+  locks records whether the requester was among them.
 
-Small queues (the usual case) are simply scanned; the memory is for the
-long ones.
-
-The walk is bounded (the seed's InnoDB limits): more than `max_steps` edges
-or a path deeper than `max_depth` ends the search, and the caller treats that
-as a deadlock of the requester, which is safe: its request fails and it
-retries, rather than the manager spending unbounded time under its mutex.
+The walk is bounded (InnoDB's limits): more than `max_steps` edges or a path
+deeper than `max_depth` ends it, and the caller treats that as a deadlock of
+the requester, which is safe: its request fails and it retries, rather than
+the manager spending unbounded time under its mutex.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
-from lockwarden.local._queue import Queue, Request
+from lockwarden.errors import Deadlock
+from lockwarden.local._queue import Owner, Queue, Request
 
-if TYPE_CHECKING:
-    from lockwarden.local.manager import Txn
+Victim = Literal["requester", "youngest", "fewest_locks"]
+VICTIMS: tuple[Victim, ...] = ("requester", "youngest", "fewest_locks")
 
 _SMALL = 8
-"""Queues with at most this many requests are scanned directly, without memory."""
+"""Queues with at most this many requests have their edges kept per waiting request."""
+_SHOWN = 3
+"""A cycle longer than twice this is shown in messages by its first and last members."""
 
 
 class _Edges:
-    """Waits-for edges of waiting requests, each enumerated at most once per search."""
+    """Waits-for edges of waiting requests, for one search."""
 
     __slots__ = ("ahead_done", "granted_done", "positions", "requester")
 
-    def __init__(self, requester: Txn) -> None:
+    def __init__(self, requester: Owner) -> None:
         self.requester = requester
         self.granted_done: dict[tuple[int, object], bool] = {}
         self.ahead_done: dict[tuple[int, object], int] = {}
         self.positions: dict[int, dict[int, int]] = {}
 
-    def of(self, req: Request[Any]) -> list[Txn]:
-        """Owners `req` waits for that this search has not been shown yet, in queue order."""
-        queue: Queue[Any] = req.queue  # type: ignore[assignment]
+    def of(self, req: Request[Any]) -> list[Owner]:
+        """Owners `req` waits for that this search has not been shown yet, last in queue first."""
+        queue = req.in_queue
+        version = queue.version
+        kept = req.edges
+        if kept is not None and kept[0] == version:
+            return kept[1]
+        granted = queue.granted
+        waiting = queue.waiting
+        if len(granted) + len(waiting) > _SMALL:
+            return self._long(queue, req)
         mode = req.wanted
+        owner = req.owner
+        out = [
+            held.owner
+            for held in granted.values()
+            if held.owner is not owner and mode.conflicts & held.mode.bit  # type: ignore[union-attr]
+        ]
+        for ahead in waiting:
+            if ahead is req:
+                break
+            if ahead.owner is not owner and mode.conflicts & ahead.wanted.bit:  # type: ignore[union-attr]
+                out.append(ahead.owner)
+        out.reverse()
+        req.edges = (version, out)
+        return out
+
+    def _long(self, queue: Queue[Any], req: Request[Any]) -> list[Owner]:
+        mode = req.wanted
+        assert mode is not None
         owner = req.owner
         granted = queue.granted
         waiting = queue.waiting
-        out: list[Txn] = []
-        if len(granted) + len(waiting) <= _SMALL:
-            for held in granted.values():
-                if held.owner is not owner and queue.blocks(held.mode, mode):
-                    out.append(held.owner)
-            for ahead in waiting:
-                if ahead is req:
-                    break
-                if ahead.owner is not owner and queue.blocks(ahead.wanted, mode):
-                    out.append(ahead.owner)
-            return out
+        out: list[Owner] = []
         requester = self.requester
         key = (id(queue), mode)
         saw_requester = self.granted_done.get(key)
         if saw_requester is None:
-            saw_requester = False
-            for held in granted.values():
-                if queue.blocks(held.mode, mode):
-                    if held.owner is requester:
-                        saw_requester = True
-                    if held.owner is not owner:
-                        out.append(held.owner)
+            conflicts = mode.conflicts
+            out = [held.owner for held in granted.values() if conflicts & held.mode.bit]  # type: ignore[union-attr]
+            saw_requester = requester in out
+            if owner in out:
+                out.remove(owner)
             self.granted_done[key] = saw_requester
         elif saw_requester and owner is not requester:
             out.append(requester)
-        if waiting[0] is req:
-            return out
-        start = self.ahead_done.get(key, 0)
-        end = self._position(queue, req)
-        if end > start:
-            self.ahead_done[key] = end
-            for i in range(start, end):
-                ahead = waiting[i]
-                if ahead.owner is not owner and queue.blocks(ahead.wanted, mode):
-                    out.append(ahead.owner)
+        if waiting[0] is not req:
+            start = self.ahead_done.get(key, 0)
+            end = self._position(queue, req)
+            if end > start:
+                self.ahead_done[key] = end
+                for i in range(start, end):
+                    ahead = waiting[i]
+                    if ahead.owner is not owner and queue.blocks(ahead.wanted, mode):
+                        out.append(ahead.owner)
+        out.reverse()
         return out
 
     def _position(self, queue: Queue[Any], req: Request[Any]) -> int:
@@ -106,42 +124,100 @@ class _Edges:
         return index[id(req)]
 
 
-def find_cycle(requester: Txn, max_steps: int, max_depth: int) -> tuple[list[Txn], bool] | None:
+def find_cycle(requester: Owner, max_steps: int, max_depth: int) -> tuple[list[Owner], bool] | None:
     """Search from `requester` (which is waiting) for a path back to it.
 
     Returns None when there is no cycle, else ``(path, complete)``: the owners
     from the requester along the cycle, and whether the search really closed
     it (False when a bound cut it short; the path is then as far as it got).
     """
-    first = requester.waiting_request
+    # The loop runs once per edge, for graphs of 10,000 waiters, under the
+    # manager's mutex: one stack of owners still to visit, each node's edges
+    # pushed at once (kept lists are reversed, so pops come in queue order),
+    # and a None below them that, popped, takes the node off the path.
+    first = requester._waiting
     assert first is not None
-    edges = _Edges(requester)
-    path: list[Txn] = [requester]
-    # For each txn on the path, the owners it waits for still to visit,
-    # reversed so that pop() visits them in queue order.
-    todo: list[list[Txn]] = [edges.of(first)[::-1]]
-    seen = {requester.id}
+    of = _Edges(requester).of
+    path: list[Owner] = [requester]
+    stack: list[Owner | None] = [None, *of(first)]
+    seen = {requester}
+    pop, push, extend = stack.pop, stack.append, stack.extend
     steps = 0
-    while todo:
-        level = todo[-1]
-        if not level:
-            todo.pop()
+    while stack:
+        nxt = pop()
+        if nxt is None:
             path.pop()
             continue
-        nxt = level.pop()
         steps += 1
+        req = nxt._waiting
+        if req is None:  # running, not waiting: the path ends here (the requester waits)
+            if steps > max_steps:
+                return path, False
+            continue
         if nxt is requester:
             return path, True
         if steps > max_steps:
             return path, False
-        if nxt.id in seen:
+        if nxt in seen:
             continue
-        seen.add(nxt.id)
-        req = nxt.waiting_request
-        if req is None:
-            continue  # running, not waiting: the path ends here
+        seen.add(nxt)
         if len(path) >= max_depth:
             return [*path, nxt], False
         path.append(nxt)
-        todo.append(edges.of(req)[::-1])
+        push(None)
+        kept = req.edges
+        queue = req.queue
+        if kept is not None and queue is not None and kept[0] == queue.version:
+            extend(kept[1])
+        else:
+            extend(of(req))
     return None
+
+
+def choose_victim(policy: Victim, cycle: list[Owner]) -> Owner:
+    """The owner whose request is refused: the requester, the youngest, or the one holding least.
+
+    Ties of the fewest locks go to the youngest (the highest id).
+    """
+    if policy == "youngest":
+        return max(cycle, key=lambda t: t.id)
+    if policy == "fewest_locks":
+        return min(cycle, key=lambda t: (t._count(), -t.id))
+    return cycle[0]
+
+
+def deadlock_error(victim: Owner, path: list[Owner], complete: bool) -> Deadlock:
+    """The error for the victim's waiting request, naming the cycle (or the bound that was hit).
+
+    The message shows a long cycle by its first and last members and its
+    length; the error's ``cycle`` has every member, the victim first.
+    """
+    req = victim._waiting
+    assert req is not None and req.wanted is not None
+    ids = [t.id for t in path]
+    start = ids.index(victim.id) if victim.id in ids else 0
+    cycle = (*ids[start:], *ids[:start])
+    if complete:
+        reason = f"waiting would close the cycle {_shown(cycle)}"
+    else:
+        reason = (
+            "the deadlock search hit its bound (deadlock_max_steps / deadlock_max_depth), "
+            "which counts as a deadlock"
+        )
+    resource = req.in_queue.resource
+    return Deadlock(
+        f"txn {victim.id} refused {req.wanted.value} on {resource!r}: {reason}; "
+        f"release its locks (or retry the transaction) to let the others through",
+        name=resource,
+        mode=req.wanted,
+        cycle=cycle,
+    )
+
+
+def _shown(cycle: tuple[int, ...]) -> str:
+    """``1 -> 2 -> 1``; a long cycle ``1 -> 2 -> 3 -> ... -> 8 -> 9 -> 1 (9 transactions)``."""
+    if len(cycle) <= 2 * _SHOWN + 1:
+        return " -> ".join(map(str, (*cycle, cycle[0])))
+    first = " -> ".join(map(str, cycle[:_SHOWN]))
+    last = " -> ".join(map(str, (*cycle[-_SHOWN:], cycle[0])))
+    return f"{first} -> ... -> {last} ({len(cycle):,} transactions)"

@@ -1,66 +1,75 @@
-"""One resource's lock queue and the requests in it.
+"""One resource's queue, the requests in it, and the grant rule, behind a small owner protocol.
 
-The grant rule lives here, once, for every kind of queue (see README.md,
-"The grant rule"): a request is granted when no granted lock of another owner
-and no request waiting ahead of it makes it wait. Subclasses change only
-*where* a new request is placed (metadata locks) and *what* conflicts (range
-locks, whose modes are not the five of `Mode`); the walk that grants waiters
-is shared.
+The grant rule lives here, once, for every kind of queue (README.md, "The
+grant rule"): a request is granted when no granted lock of another owner and
+no request waiting ahead of it makes it wait. Subclasses change only *where*
+a new request is placed (``_metadata.py``) and *what* conflicts
+(``_range_queue.py``, whose modes are not the five of `Mode`); the walk that
+grants waiters is shared.
+
+A queue sees an owner only through `Owner`, which is also all that the lock
+table, the deadlock search, escalation and range locks may use of one. That
+narrow interface is what lets them live in modules of their own below the
+transaction (``_txn.py``), without importing it or reading its privates.
 
 Everything here runs under the manager's mutex.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Hashable, Iterator
-from time import monotonic as _monotonic
-from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeVar
+from time import monotonic
+from typing import Any, Generic, Protocol, TypeVar
 
+from lockwarden.local._kinds import LockMode, Table
 from lockwarden.modes import Mode
-
-if TYPE_CHECKING:
-    from lockwarden.local.manager import Txn
 
 _X_BIT = Mode.X.bit
 
+M = TypeVar("M", bound=LockMode)
 
-class LockMode(Protocol):
-    """What a queue needs of a mode: `Mode`, and the range-lock modes of ``ranges.py``.
 
-    ``conflicts`` is the mask of the modes that make a request for this one
-    wait when another owner holds them (or waits for them ahead of it). For
-    `Mode` the relation is symmetric; for range locks it is not (an insert
-    waits for a gap lock, a gap lock never waits for an insert).
+class Owner(Protocol):
+    """What every module below the transaction knows of an owner of locks.
+
+    `Txn` is the one implementation. Its attributes named here are private to
+    the package, not to one module: this is the whole of what may be read or
+    written from outside the transaction.
     """
 
     @property
-    def index(self) -> int: ...
-    @property
-    def bit(self) -> int: ...
-    @property
-    def conflicts(self) -> int: ...
-    @property
-    def value(self) -> str: ...
-    @property
-    def parent_intention(self) -> Mode: ...
-    def join(self, other: Self, /) -> Self: ...
-    def covers(self, other: Self, /) -> bool: ...
+    def id(self) -> int:
+        """Unique per manager; ids grow in `begin` order (the youngest has the highest)."""
+        ...
 
+    _waiting: Request[Any] | None
+    """The one request the owner waits for (one thread of control), or None while it runs."""
+    _undo: dict[Request[Any], Any] | None
+    """The undo of the owner's lock call in progress, if any: each request the call changed →
+    what it held before. Index changes that move a request rewrite its entry (``_ranges.py``)."""
+    _escalate_at: dict[int, int]
+    """Child count at which escalation is tried again, by id of the parent request."""
 
-M = TypeVar("M", bound=LockMode)
+    def _books(self, table: Table) -> dict[Any, Request[Any]]:
+        """The owner's requests in `table`, by key: at most one per key."""
+        ...
+
+    def _count(self) -> int:
+        """How many requests the owner has in all tables (a victim policy reads it)."""
+        ...
 
 
 class Request(Generic[M]):
     """An owner's lock on one resource: granted, waiting, or granted and waiting to upgrade.
 
-    An owner has at most one Request per queue (rule L3). A new request waits
-    with ``mode is None``; an upgrade keeps its granted ``mode`` while it waits
+    An owner has at most one Request per resource. A new request waits with
+    ``mode is None``; an upgrade keeps its granted ``mode`` while it waits
     for ``wanted``, so the owner never holds less than it had.
     """
 
     __slots__ = (
         "children",
+        "edges",
         "failure",
         "mode",
         "owner",
@@ -74,24 +83,32 @@ class Request(Generic[M]):
 
     def __init__(
         self,
-        owner: Txn,
+        owner: Owner,
         queue: Queue[M] | None,
         mode: M | None,
         wanted: M | None,
         parent: Request[Mode] | None = None,
+        *,
+        stamped: bool = True,
     ) -> None:
         self.owner = owner
         self.queue = queue
-        """None for a solo lock (the only request on its resource; see README)."""
+        """None for a solo lock (the only request on its resource; README.md, "Solo locks")."""
         self.mode = mode
         self.wanted = wanted
-        self.since = _monotonic()
+        self.since: float | None = monotonic() if stamped else None
+        """``time.monotonic()`` when it was granted or started to wait. None for a lock granted on
+        the uncontended path, which reads no clock: stamped when first seen (`LockManager.locks`,
+        or a second request on its resource)."""
         self.parent = parent
         """The owner's request on the parent resource (for a range lock: on the index's table),
         once this one is granted and counted in its `children`."""
         self.children = 0
         """Locks this owner holds on direct children of this resource, the keys of indexes
         on it included (unlock and escalation)."""
+        self.edges: tuple[int, list[Owner]] | None = None
+        """What this waiting request waits for, as the deadlock search last read it: the owners,
+        with the version of the queue they were read at (``_deadlock.py``)."""
         # `failure`, `signal` and `wake` are set by `arm` when the request
         # starts to wait; nothing reads them before that.
         self.failure: BaseException | None
@@ -118,12 +135,16 @@ class Queue(Generic[M]):
     ``counts[i]`` is how many owners hold the mode with index i, and ``mask``
     has the bit of every mode someone holds, so the arrival check against
     granted locks costs the same for one holder or ten thousand.
+
+    ``version`` moves on with every change to who holds what or who waits
+    where: the deadlock search keeps the edges it read from a queue until
+    then.
     """
 
-    __slots__ = ("counts", "granted", "key", "mask", "waiting")
+    __slots__ = ("counts", "granted", "key", "mask", "version", "waiting")
 
-    kind = "data"
-    """Which lock table and which books of a txn the queue belongs to: data, metadata, range."""
+    table = Table.DATA
+    """Which lock table, and which books of an owner, the queue belongs to."""
     width = 5
     """How many modes there are (the length of `counts`)."""
 
@@ -133,6 +154,7 @@ class Queue(Generic[M]):
         self.waiting: list[Request[M]] = []
         self.counts = [0] * self.width
         self.mask = 0
+        self.version = 0
 
     @property
     def resource(self) -> Hashable:
@@ -166,9 +188,9 @@ class Queue(Generic[M]):
     def position_for(self, req: Request[M], mode: M) -> int:
         """Where a waiting request for `mode` goes: upgrades after earlier upgrades, others last.
 
-        An upgrade goes ahead of every ordinary waiter (rule L5) because its
-        owner already holds the resource: making it queue behind requests that
-        wait for that very owner would be a deadlock of the queue's own making.
+        An upgrade goes ahead of every ordinary waiter because its owner
+        already holds the resource: making it queue behind requests that wait
+        for that very owner would be a deadlock of the queue's own making.
         """
         if req.mode is None:
             return len(self.waiting)
@@ -193,8 +215,20 @@ class Queue(Generic[M]):
 
     def enqueue(self, req: Request[M], mode: M) -> None:
         self.waiting.insert(self.position_for(req, mode), req)
+        self.version += 1
         req.wanted = mode
-        req.since = time.monotonic()
+        req.since = monotonic()
+
+    def append_waiting(self, req: Request[M], mode: M) -> None:
+        """Queue `req` for `mode` behind every waiter, keeping its `since` (a moved request)."""
+        self.waiting.append(req)
+        self.version += 1
+        req.wanted = mode
+
+    def set_wanted(self, req: Request[M], mode: M) -> None:
+        """Change what a waiting request waits for, in place (a moved request joins another)."""
+        self.version += 1
+        req.wanted = mode
 
     # -- granting and releasing ---------------------------------------------
 
@@ -202,7 +236,7 @@ class Queue(Generic[M]):
         """Make `req` hold `mode` and wait for nothing (a grant, an upgrade, a downgrade)."""
         self.set_granted(req, mode)
         req.wanted = None
-        req.since = time.monotonic()
+        req.since = monotonic()
 
     def remove_granted(self, req: Request[M]) -> None:
         assert req.mode is not None
@@ -210,6 +244,7 @@ class Queue(Generic[M]):
 
     def set_granted(self, req: Request[M], mode: M | None) -> None:
         """Make `req` hold `mode` (None: nothing), leaving whatever it waits for as it is."""
+        self.version += 1
         old = req.mode
         counts = self.counts
         if old is not None:
@@ -227,6 +262,7 @@ class Queue(Generic[M]):
 
     def remove_waiting(self, req: Request[M]) -> None:
         self.waiting.remove(req)
+        self.version += 1
         req.wanted = None
 
     def grant_waiters(self) -> list[tuple[Request[M], float]]:
@@ -251,7 +287,9 @@ class Queue(Generic[M]):
             assert mode is not None
             if not self._ahead_blocks(ahead, mode) and not self.blocked_by_granted(req, mode):
                 del waiting[i]
-                granted.append((req, req.since))
+                since = req.since
+                assert since is not None  # stamped when it started to wait
+                granted.append((req, since))
                 self.add_granted(req, mode)
                 self.granted_one(req)
                 continue
@@ -294,55 +332,12 @@ class Queue(Generic[M]):
             if ahead.owner is not owner and self.blocks(ahead.wanted, mode):  # type: ignore[arg-type]
                 yield ahead
 
-    @property
-    def idle(self) -> bool:
-        return not self.granted and not self.waiting
-
-
-class MetadataQueue(Queue[Mode]):
-    """A table's metadata lock: S for statements that use the table, X for DDL (rule L8).
-
-    Exclusive requests go ahead of waiting shared ones, so a DDL statement is
-    not starved by a stream of short queries. To keep the queries from being
-    starved in turn, after `streak_limit` exclusive grants in a row while
-    shared requests waited, the shared requests move ahead and new exclusive
-    requests queue behind them until a shared request has been granted.
-    """
-
-    __slots__ = ("streak", "streak_limit")
-
-    kind = "metadata"
-
-    def __init__(self, key: Hashable, streak_limit: int) -> None:
-        super().__init__(key)
-        self.streak = 0
-        self.streak_limit = streak_limit
-
-    @property
-    def parent_key(self) -> None:
-        """A metadata lock is nobody's child, whatever its table's name looks like."""
-        return None
-
-    def position_for(self, req: Request[Mode], mode: Mode) -> int:
-        pos = super().position_for(req, mode)
-        if mode is not Mode.X or req.mode is not None or self.streak >= self.streak_limit:
-            return pos
-        for i, w in enumerate(self.waiting):
-            if w.mode is None and w.wanted is Mode.S:
-                return i
-        return pos
-
-    def granted_one(self, req: Request[Mode]) -> None:
-        if req.mode is Mode.S:
-            self.streak = 0
-            return
-        if any(w.wanted is Mode.S for w in self.waiting):
-            self.streak += 1
-            if self.streak >= self.streak_limit:
-                # Serve the waiting shared requests first: upgrades stay in
-                # front, then shared, then exclusive, each in arrival order.
-                self.waiting.sort(key=_shared_first)
-
-
-def _shared_first(w: Request[Mode]) -> int:
-    return 0 if w.mode is not None else 1 if w.wanted is Mode.S else 2
+    def would_block(self, req: Request[M], mode: M) -> Iterator[Request[M]]:
+        """The requests of other owners a request for `mode` not queued yet would wait for."""
+        owner = req.owner
+        for held in self.granted.values():
+            if held.owner is not owner and self.blocks(held.mode, mode):  # type: ignore[arg-type]
+                yield held
+        for ahead in self.waiting[: self.position_for(req, mode)]:
+            if ahead.owner is not owner and self.blocks(ahead.wanted, mode):  # type: ignore[arg-type]
+                yield ahead

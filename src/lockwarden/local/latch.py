@@ -1,4 +1,4 @@
-"""A read/write latch for short critical sections (rule L9).
+"""A read/write latch for short critical sections.
 
 A latch is what an MVCC engine puts around the few instructions that read or
 change a record in place; the transaction-length protection comes from
@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from lockwarden.errors import LockUsageError
+from lockwarden.errors import NotHeld
 
 __all__ = ["RWLatch"]
 
@@ -76,7 +76,7 @@ class RWLatch:
     def release_read(self) -> None:
         with self._cond:
             if not self._readers:
-                raise LockUsageError("release_read() without a reader inside the latch")
+                raise NotHeld("release_read() without a reader inside the latch")
             self._readers -= 1
             if not self._readers:
                 self._cond.notify_all()
@@ -100,7 +100,7 @@ class RWLatch:
     def release_write(self) -> None:
         with self._cond:
             if not self._writer:
-                raise LockUsageError("release_write() without the writer inside the latch")
+                raise NotHeld("release_write() without the writer inside the latch")
             self._writer = False
             if self._readers_waiting:
                 self._phase += 1
