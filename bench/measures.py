@@ -6,7 +6,12 @@
   on the wire (`pgwire`), and lockwarden's own statement counters.
 - `handoff`: two processes pass a lock back and forth; the time from the
   holder's release call to the waiter's acquire returning.
-- `throughput`: 4 processes on one lock for a fixed time.
+- `queued_handoff`: the same time with 1 and with 16 waiters queued on the
+  name (processes in a ring, each queueing again as soon as it released):
+  a store that wakes every waiter of a name pays for the crowd.
+- `throughput`: 4 processes on one lock for a fixed time, with each
+  process's share, and (lockwarden) what one acquisition cost: statements
+  (each one transaction), attempts and waits.
 - `flatness`: lockwarden's acquire of a fresh name with 0 … 100,000 other
   locks held in its table.
 
@@ -17,6 +22,7 @@ Linux, one clock for the whole machine.
 from __future__ import annotations
 
 import gc
+import itertools
 import multiprocessing as mp
 import queue
 import random
@@ -29,7 +35,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pgwire import Count, RoundTripCounter
-from subjects import POSTGRES, Env, Lockwarden, Subject, make
+from subjects import ETCD, POSTGRES, Env, Lockwarden, Subject, make
 
 perf = time.perf_counter
 
@@ -44,6 +50,8 @@ class Plan:
     """Timed batches per figure; the best counts (noise only ever adds time). Many short
     batches rather than a few long ones: more chances to catch the machine quiet."""
     handoff_rounds: int = 300
+    queue_depths: tuple[int, ...] = (1, 16)
+    """Waiters queued behind the holder in `queued_handoff`."""
     settle: tuple[float, float] = (0.01, 0.03)
     """The holder waits this long (uniformly at random) after the waiter has said it is
     about to acquire, so the waiter is blocked by the time of the release; random, so that
@@ -60,6 +68,7 @@ QUICK = Plan(
     batch_seconds=0.03,
     repeat=3,
     handoff_rounds=20,
+    queue_depths=(1, 4),
     throughput_seconds=1.0,
     flat_levels=(0, 1_000, 10_000),
     flat_ops=50,
@@ -331,6 +340,69 @@ def _handoff_player(
     return times
 
 
+# -- handoff with a queue -----------------------------------------------------------------
+
+
+def queued_handoff(key: str, env: Env, plan: Plan) -> dict[str, Any]:
+    """Release → the next holder, with ``plan.queue_depths`` waiters queued; and their ratio."""
+    found: dict[str, Any] = {}
+    for depth in plan.queue_depths:
+        found[str(depth)] = _ring(key, env, plan, depth)
+    first, last = (found[str(d)].get("median_ms") for d in (plan.queue_depths[0], depth))
+    if first and last:
+        found["ratio"] = last / first
+    return found
+
+
+def _ring(key: str, env: Env, plan: Plan, waiters: int) -> dict[str, float]:
+    rounds, name = plan.handoff_rounds, f"{env.run}/queued/{waiters}"
+    counter = mp.get_context("spawn").Value("q", 0, lock=False)
+    spans: list[list[tuple[float, float]]] = together(
+        key,
+        env,
+        _ring_player,
+        [{"name": name, "rounds": rounds, "counter": counter, "settle": plan.settle}]
+        * (waiters + 1),
+        timeout=rounds * (plan.settle[1] + 1.0) + 60.0,
+    )
+    # The holds, in the order they were granted: each gap is one hand-off.
+    holds = sorted(span for player in spans for span in player)
+    latency = sorted(nxt[0] - prev[1] for prev, nxt in itertools.pairwise(holds))
+    return {
+        "median_ms": statistics.median(latency) * 1e3,
+        "p99_ms": latency[min(len(latency) - 1, round(0.99 * (len(latency) - 1)))] * 1e3,
+        "handoffs": len(latency),
+        "waiters": waiters,
+    }
+
+
+def _ring_player(
+    subject: Subject,
+    start: Callable[[], float],
+    *,
+    name: str,
+    rounds: int,
+    counter: Any,
+    settle: tuple[float, float],
+) -> list[tuple[float, float]]:
+    """Hold for a moment (while everyone else queues), release, queue again; ``rounds`` holds
+    in all. Returns (held at, released at) of each hold."""
+    rng = random.Random()
+    start()
+    holds: list[tuple[float, float]] = []
+    while True:
+        subject.acquire(name)
+        held_at = perf()
+        counter.value += 1  # inside the lock: exclusive
+        if counter.value > rounds:
+            subject.release()
+            return holds
+        time.sleep(rng.uniform(*settle))
+        released_at = perf()
+        subject.release()
+        holds.append((held_at, released_at))
+
+
 # -- throughput -----------------------------------------------------------------------------
 
 
@@ -343,15 +415,16 @@ def throughput(key: str, env: Env, plan: Plan) -> dict[str, Any]:
     """
     counter = mp.get_context("spawn").Value("q", 0, lock=False)
     name = f"{env.run}/throughput"
-    counts: list[int] = together(
+    ran: list[tuple[int, dict[str, int]]] = together(
         key,
         env,
         _throughput_worker,
         [{"name": name, "seconds": plan.throughput_seconds, "counter": counter}] * plan.processes,
         timeout=plan.throughput_seconds + 120.0,
     )
+    counts = [done for done, _ in ran]
     total = sum(counts)
-    return {
+    found: dict[str, Any] = {
         "per_second": total / plan.throughput_seconds,
         "shares": [c / total for c in counts] if total else [],
         # each process made one more increment, for the acquire that ended its loop
@@ -359,12 +432,19 @@ def throughput(key: str, env: Env, plan: Plan) -> dict[str, Any]:
         "processes": plan.processes,
         "seconds": plan.throughput_seconds,
     }
+    acquisitions = total + plan.processes
+    for field in ran[0][1]:  # per acquisition (and its release)
+        found[f"{field}_per_acquisition"] = sum(c[field] for _, c in ran) / acquisitions
+    return found
 
 
 def _throughput_worker(
     subject: Subject, start: Callable[[], float], *, name: str, seconds: float, counter: Any
-) -> int:
+) -> tuple[int, dict[str, int]]:
+    """Loop on the lock until the time is up: how many acquisitions, and what they cost
+    by the subject's own counters."""
     deadline = start() + seconds
+    before = subject.counters()
     done = 0
     while True:
         subject.acquire(name)
@@ -372,7 +452,8 @@ def _throughput_worker(
         counter.value += 1  # the critical section
         subject.release()
         if held_at >= deadline:
-            return done
+            after = subject.counters()
+            return done, {k: after[k] - before[k] for k in before}
         done += 1
 
 
@@ -444,10 +525,13 @@ def _levels(subject: Lockwarden, control: Subject, holder: str, plan: Plan) -> d
 
 def applies(measure: str, subject: type[Subject]) -> bool:
     """Whether ``measure`` runs over ``subject``."""
-    if measure in ("handoff", "throughput"):
+    if measure in ("handoff", "queued_handoff", "throughput"):
         return subject.is_lock
     if measure == "round_trips":
         return subject.backend == POSTGRES
     if measure == "flatness":  # one per table: the relaxed subject shares the durable one's
-        return issubclass(subject, Lockwarden) and subject.durability == "durable"
+        # (not on etcd: an acquire there reads only its own name's keys, and filling
+        # the store with 100,000 locks would take most of a run)
+        durable = issubclass(subject, Lockwarden) and subject.durability == "durable"
+        return durable and subject.backend != ETCD
     return True

@@ -1,13 +1,15 @@
-"""Benchmarks of the shared lock store beside its peers and the physical floors (issue 3).
+"""Benchmarks of the shared lock store beside its peers and the physical floors.
 
-    python bench/store.py [--quick] [--only KEY,KEY...]
+    python bench/store.py [--quick] [--only KEY,KEY...] [--write-results]
 
 One run measures every subject (`subjects.SUBJECTS`) that can run here, with
-every measure that applies to it (`measures`), and writes
-bench/results/store.json, store.md and store.png; a full run also puts the
-table into bench/README.md. Every ratio compares two things measured in the
-same run, on the same machine. A quick run (a smoke test, figures
-meaningless) writes to bench/results/quick/ instead.
+every measure that applies to it (`measures`), and writes store.json,
+store.md and store.png to bench/results/latest.tmp/ (not tracked). Only with
+``--write-results`` does a full run write them to bench/results/ and put the
+table into bench/README.md: the record figures, taken on a quiet machine.
+Every ratio compares two things measured in the same run, on the same
+machine. A quick run (a smoke test, figures meaningless) writes to
+bench/results/quick/.
 
 If `lockwarden.connect` is not importable (the store not merged yet), the
 peers and floors run alone. To measure a store checkout elsewhere:
@@ -35,7 +37,7 @@ from typing import Any
 
 import measures
 import report
-from subjects import BY_KEY, POSTGRES, REDIS, SUBJECTS, Env, Subject, make
+from subjects import BY_KEY, ETCD, MYSQL, POSTGRES, REDIS, SUBJECTS, Env, Subject, make
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
@@ -45,10 +47,13 @@ PEERS = (
     "psycopg",
     "tooz",
     "psycopg2-binary",
+    "mysqlclient",
+    "PyMySQL",
     "redis",
     "python-redis-lock",
     "filelock",
     "fasteners",
+    "etcd3gw",
 )
 
 
@@ -56,38 +61,55 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes")
     parser.add_argument("--only", help="comma-separated subject keys: " + ", ".join(BY_KEY))
+    parser.add_argument(
+        "--write-results",
+        action="store_true",
+        help="write bench/results/ and bench/README.md (a full run on a quiet machine)",
+    )
     args = parser.parse_args()
     plan = measures.QUICK if args.quick else measures.Plan()
     keys = args.only.split(",") if args.only else list(BY_KEY)
     if unknown := set(keys) - set(BY_KEY):
         parser.error(f"unknown subjects {sorted(unknown)}: choose from {', '.join(BY_KEY)}")
 
-    with run_env() as env:
+    with run_env(keys) as env:
         results = run(env, plan, keys)
     results["meta"]["quick"] = args.quick
 
-    out = RESULTS / "quick" if args.quick else RESULTS
+    record = args.write_results and not args.quick
+    out = RESULTS if record else RESULTS / ("quick" if args.quick else "latest.tmp")
     out.mkdir(parents=True, exist_ok=True)
     (out / "store.json").write_text(json.dumps(results, indent=2) + "\n")
     table = report.markdown(results)
     (out / "store.md").write_text(table)
     report.plot(results, out / "store.png")
-    if not args.quick and not args.only:
+    if record and not args.only:
         update_readme(table)
     print(table)
     print(f"wrote {out}/store.json, store.md, store.png")
 
 
 @contextlib.contextmanager
-def run_env() -> Iterator[Env]:
-    """A fresh run: its own PostgreSQL schema, Redis keys and files, all removed afterwards."""
+def run_env(keys: list[str]) -> Iterator[Env]:
+    """A fresh run: its own PostgreSQL schema, Redis keys and files, and (if an etcd subject
+    is chosen and the `etcd` program is installed) a private etcd cluster; all removed
+    afterwards."""
     RESULTS.mkdir(exist_ok=True)
     # Not /tmp: it may be tmpfs, where an fsync costs nothing. *.tmp is git-ignored.
     work = tempfile.mkdtemp(prefix="store-", suffix=".tmp", dir=RESULTS)
     env = Env(run=secrets.token_hex(4), work_dir=work)
+    cluster = None
+    if shutil.which("etcd") and any(BY_KEY[k].backend == ETCD for k in keys):
+        sys.path.insert(0, str(HERE.parent))  # the chaos harness's cluster helper
+        from chaos.etcd_cluster import EtcdCluster  # noqa: PLC0415
+
+        cluster = EtcdCluster(Path(work) / "etcd")
+        env = dataclasses.replace(env, etcd=cluster.endpoints)
     try:
         yield env
     finally:
+        if cluster is not None:
+            cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
         clean_servers(env)
 
@@ -105,6 +127,15 @@ def clean_servers(env: Env) -> None:
         pass  # no PostgreSQL subject ran
     except Exception as exc:
         print(f"could not drop the schemas {schemas}: {exc}", file=sys.stderr)
+    databases = [env.database, *(env.variant(v).database for v in measures.VARIANTS)]
+    try:
+        with contextlib.closing(env.mysql_connect(database=False)) as conn:
+            for database in databases:
+                conn.cursor().execute(f"DROP DATABASE IF EXISTS {database}")
+    except ImportError:
+        pass  # no MariaDB subject ran
+    except Exception as exc:
+        print(f"could not drop the databases {databases}: {exc}", file=sys.stderr)
     try:
         import redis  # noqa: PLC0415
 
@@ -162,7 +193,7 @@ def run(env: Env, plan: measures.Plan, keys: list[str]) -> dict[str, Any]:
     if pg:
         step("round trips")
         results["round_trips"] = measures.round_trips(pg, env, plan)
-    for measure in ("handoff", "throughput", "flatness"):
+    for measure in ("handoff", "queued_handoff", "throughput", "flatness"):
         results[measure] = {}
         for key in measured:
             if measures.applies(measure, BY_KEY[key]):
@@ -188,6 +219,11 @@ def probe(env: Env, backends: set[str]) -> dict[str, str]:
             psycopg.connect(env.pg_url(), connect_timeout=3).close()
         except Exception as exc:
             down[POSTGRES] = f"PostgreSQL not reachable: {exc}".splitlines()[0]
+    if MYSQL in backends:
+        try:
+            env.mysql_connect(database=False).close()
+        except Exception as exc:
+            down[MYSQL] = f"MariaDB not reachable: {exc}".splitlines()[0]
     if REDIS in backends:
         try:
             import redis  # noqa: PLC0415
@@ -195,6 +231,8 @@ def probe(env: Env, backends: set[str]) -> dict[str, str]:
             redis.Redis.from_url(env.redis_url, socket_connect_timeout=3).ping()
         except Exception as exc:
             down[REDIS] = f"Redis not reachable: {exc}".splitlines()[0]
+    if ETCD in backends and not env.etcd:
+        down[ETCD] = "the etcd program is not installed (Debian: apt-get install etcd-server)"
     return down
 
 

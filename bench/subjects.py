@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sqlite3
+import subprocess
 import warnings
 import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-POSTGRES, REDIS, SQLITE = "PostgreSQL", "Redis", "SQLite"
-BACKENDS = (POSTGRES, REDIS, SQLITE)
+POSTGRES, REDIS, SQLITE, ETCD, MYSQL = "PostgreSQL", "Redis", "SQLite", "etcd", "MariaDB"
+BACKENDS = (POSTGRES, REDIS, SQLITE, ETCD, MYSQL)
 
 HOLD_TIMEOUT = 60.0
 """lockwarden's acquire timeout: far longer than any wait a working lock makes here."""
@@ -39,6 +41,29 @@ class Env:
     pg_user: str = "postgres"
     pg_db: str = "test"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    etcd: str = ""
+    """The endpoints (host:port,...) of the run's private etcd cluster; "" if none runs."""
+    mysql_url: str = "mysql://root@127.0.0.1:3306"
+    """The MariaDB server; each run keeps its tables in a database of its own."""
+
+    @property
+    def database(self) -> str:
+        """The throwaway MariaDB database of this run."""
+        return f"lw_bench_{self.run}"
+
+    def mysql_connect(self, *, database: bool = True) -> Any:
+        """An autocommit mysqlclient connection (to the run's database, made on first use)."""
+        import MySQLdb  # noqa: PLC0415  (a test and mysql extra)
+
+        from lockwarden.store.url import mysql_options  # noqa: PLC0415
+
+        options = mysql_options(f"{self.mysql_url}/{self.database}")
+        del options["database"]
+        conn = MySQLdb.connect(**options, autocommit=True)
+        if database:
+            conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS {self.database}")
+            conn.select_db(self.database)
+        return conn
 
     @property
     def schema(self) -> str:
@@ -169,7 +194,8 @@ class Lockwarden(Subject):
         self.store.close()
 
     def counters(self) -> dict[str, int]:
-        return {"statements": self.store.stats["statements"]}
+        stats = self.store.stats
+        return {key: stats[key] for key in ("statements", "attempts", "waits", "handed")}
 
     def fill(self, total: int, *, same_session: bool) -> None:
         """Hold ``total`` locks in all besides the measured ones (the flatness measure's
@@ -206,8 +232,8 @@ class LockwardenRelaxed(LockwardenPostgres):
     label = "lockwarden, relaxed"
     durability = "relaxed"
     config = (
-        'as above with `durability="relaxed"` (the opt-in of D15: lock transactions '
-        "commit with `synchronous_commit=off`)"
+        'as above with `durability="relaxed"` (the opt-in of `connect(durability=...)`: '
+        "lock transactions commit with `synchronous_commit=off`)"
     )
 
 
@@ -221,6 +247,20 @@ class LockwardenSQLite(Lockwarden):
 
     def url(self) -> str:
         return f"sqlite:///{self.env.file('lockwarden.db')}"
+
+
+class LockwardenEtcd(Lockwarden):
+    key = "lockwarden-etcd"
+    backend = ETCD
+    needs = ("etcd3gw",)
+    config = (
+        "`lockwarden.connect(etcd://<3 members>/<run prefix>)`: a private 3-member cluster of "
+        "Debian's etcd 3.4 on loopback; one session (TTL 15 s), `s.lock(name, timeout=60)`, "
+        "`held.release()`"
+    )
+
+    def url(self) -> str:
+        return f"etcd://{self.env.etcd}/lw_bench_{self.env.run}"
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------
@@ -315,6 +355,92 @@ class Tooz(CachedLocks):
         self.coordinator.stop()
 
 
+# -- etcd ---------------------------------------------------------------------------------
+
+
+class Etcd(Subject):
+    backend = ETCD
+    needs: ClassVar[tuple[str, ...]] = ("etcd3gw",)
+
+    def member(self) -> Any:
+        from etcd3gw.client import Etcd3Client  # noqa: PLC0415
+
+        host, port = self.env.etcd.split(",")[0].split(":")
+        return Etcd3Client(host=host, port=int(port), api_path="/v3/")
+
+    def lock_name(self, name: str) -> str:
+        return f"lw-bench/{self.env.run}/{name}"
+
+
+class EtcdFloor(Etcd):
+    key = "etcd-floor"
+    label = "floor: 2 etcd writes"
+    is_lock = False
+    is_floor = True
+    config = "etcd3gw, one client: `put` a key, then `delete` it (each one Raft write)"
+
+    def setup(self) -> None:
+        self.client = self.member()
+
+    def acquire(self, name: str) -> None:
+        self._key = self.lock_name(name)
+        self.client.put(self._key, "held")
+
+    def release(self) -> None:
+        self.client.delete(self._key)
+
+
+class EtcdctlLock(Etcd):
+    key = "etcdctl-lock"
+    label = "etcdctl lock"
+    needs = ()
+    config = (
+        "etcd's own lock recipe from the shell: `etcdctl lock NAME` started per acquire, "
+        "holding until its SIGINT (the cost of a process start is part of it)"
+    )
+
+    def acquire(self, name: str) -> None:
+        self._proc = subprocess.Popen(
+            ["etcdctl", "--endpoints", self.env.etcd, "lock", self.lock_name(name)],
+            stdout=subprocess.PIPE,
+            env={**os.environ, "ETCDCTL_API": "3"},
+        )
+        assert self._proc.stdout is not None
+        if not self._proc.stdout.readline():  # it prints the lock's key once it holds it
+            raise RuntimeError(f"etcdctl lock failed (exit {self._proc.wait()})")
+
+    def release(self) -> None:
+        self._proc.send_signal(signal.SIGINT)
+        self._proc.wait()
+
+
+class ToozEtcd(CachedLocks):
+    key = "tooz-etcd3gw"
+    label = "tooz, etcd3gw driver"
+    backend = ETCD
+    needs = ("tooz.drivers.etcd3gw",)
+    config = (
+        "`tooz.coordination.get_coordinator('etcd3+http://…')`, `get_lock(name)`, "
+        "`acquire()` / `release()`: a lease per lock, a create-if-absent transaction, and a "
+        "watch while it waits"
+    )
+
+    def setup(self) -> None:
+        from tooz import coordination  # noqa: PLC0415
+
+        host, port = self.env.etcd.split(",")[0].split(":")
+        self.coordinator = coordination.get_coordinator(
+            f"etcd3+http://{host}:{port}", f"bench-{os.getpid()}".encode()
+        )
+        self.coordinator.start()
+
+    def new_lock(self, name: str) -> Any:
+        return self.coordinator.get_lock(f"{self.env.run}-{name}".encode())
+
+    def teardown(self) -> None:
+        self.coordinator.stop()
+
+
 # -- Redis --------------------------------------------------------------------------------
 
 
@@ -363,6 +489,116 @@ class PythonRedisLock(Redis):
 
 
 # -- SQLite and local files ---------------------------------------------------------------
+
+
+# -- MariaDB ------------------------------------------------------------------------------
+
+
+class LockwardenMySQL(Lockwarden):
+    key = "lockwarden-mysql"
+    backend = MYSQL
+    needs = ("MySQLdb",)
+    config = (
+        "`lockwarden.connect(mysql://…/<run database>)` (mysqlclient), durable "
+        "(`innodb_flush_log_at_trx_commit=1`); one session, `s.lock(name, timeout=60)`, "
+        "`held.release()`"
+    )
+
+    def setup(self) -> None:
+        self.env.mysql_connect().close()  # the run's database
+        super().setup()
+
+    def url(self) -> str:
+        return f"{self.env.mysql_url}/{self.env.database}"
+
+
+class MySQLFloor(Subject):
+    key = "mysql-floor"
+    label = "floor: 2 write transactions"
+    backend = MYSQL
+    is_lock = False
+    is_floor = True
+    needs = ("MySQLdb",)
+    config = (
+        "mysqlclient, one autocommit connection: `INSERT` a row (name, token) then "
+        "`DELETE` it, each its own durable InnoDB transaction (one round trip, one log flush)"
+    )
+
+    def setup(self) -> None:
+        self.conn = self.env.mysql_connect()
+        self.cur = self.conn.cursor()
+        self.cur.execute(
+            "CREATE TABLE IF NOT EXISTS bench_floor (name VARCHAR(512) PRIMARY KEY, token BIGINT)"
+            " ENGINE=InnoDB"
+        )
+        self._token = 0
+
+    def acquire(self, name: str) -> None:
+        self._token += 1
+        self.cur.execute("INSERT INTO bench_floor VALUES (%s, %s)", (name, self._token))
+        self._name = name
+
+    def release(self) -> None:
+        self.cur.execute("DELETE FROM bench_floor WHERE name = %s", (self._name,))
+
+    def teardown(self) -> None:
+        self.conn.close()
+
+
+class MySQLGetLock(Subject):
+    key = "mysql-get-lock"
+    label = "GET_LOCK pair"
+    backend = MYSQL
+    is_floor = True
+    needs = ("MySQLdb",)
+    config = (
+        "mysqlclient, one connection: `SELECT GET_LOCK(name, 3600)` / `RELEASE_LOCK(name)` "
+        "(a named lock of the connection: nothing written, no lease, no token)"
+    )
+
+    def setup(self) -> None:
+        self.conn = self.env.mysql_connect(database=False)
+        self.cur = self.conn.cursor()
+
+    def acquire(self, name: str) -> None:
+        self._name = f"lw-bench:{self.env.run}:{name}"[:64]
+        # Not -1 (MySQL's "forever"): MariaDB answers a negative timeout with NULL at once.
+        self.cur.execute("SELECT GET_LOCK(%s, 3600)", (self._name,))
+        if self.cur.fetchone() != (1,):
+            raise RuntimeError(f"GET_LOCK({self._name!r}) was not granted")
+
+    def release(self) -> None:
+        self.cur.execute("SELECT RELEASE_LOCK(%s)", (self._name,))
+        self.cur.fetchall()
+
+    def teardown(self) -> None:
+        self.conn.close()
+
+
+class ToozMySQL(CachedLocks):
+    key = "tooz-mysql"
+    label = "tooz, mysql driver"
+    backend = MYSQL
+    needs = ("tooz.drivers.mysql", "pymysql")
+    config = (
+        "`tooz.coordination.get_coordinator('mysql://…')` (PyMySQL), `get_lock(name)`, "
+        "`acquire()` / `release()`: `GET_LOCK` on a connection of the lock's own"
+    )
+
+    def setup(self) -> None:
+        from tooz import coordination  # noqa: PLC0415
+
+        self.env.mysql_connect().close()  # the run's database
+        self.coordinator = coordination.get_coordinator(
+            f"{self.env.mysql_url}/{self.env.database}", f"bench-{os.getpid()}".encode()
+        )
+        self.coordinator.start()
+
+    def new_lock(self, name: str) -> Any:
+        return self.coordinator.get_lock(f"{self.env.run}:{name}".encode())
+
+    def teardown(self) -> None:
+        self.coordinator.stop()
 
 
 class SQLiteFloor(Subject):
@@ -437,10 +673,18 @@ SUBJECTS: tuple[type[Subject], ...] = (
     Tooz,
     RedisPy,
     PythonRedisLock,
+    LockwardenMySQL,
+    MySQLFloor,
+    MySQLGetLock,
+    ToozMySQL,
     LockwardenSQLite,
     SQLiteFloor,
     FileLock,
     Fasteners,
+    LockwardenEtcd,
+    EtcdFloor,
+    EtcdctlLock,
+    ToozEtcd,
 )
 BY_KEY = {cls.key: cls for cls in SUBJECTS}
 

@@ -1,4 +1,4 @@
-"""A fault-injection harness for lockwarden's shared lock store (issue 6).
+"""A fault-injection harness for lockwarden's shared lock store (chaos/README.md).
 
 Workers take locks and increment registers kept behind fences; a nemesis
 kills, pauses and disconnects them; every operation goes to a history that

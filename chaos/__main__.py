@@ -14,7 +14,8 @@ from pathlib import Path
 
 from chaos.check import check_file, report
 from chaos.config import Config
-from chaos.run import PG_DEFAULT, drop, run, store_url
+from chaos.etcd_cluster import EtcdCluster
+from chaos.run import MYSQL_DEFAULT, PG_DEFAULT, drop, run, store_url
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,7 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m chaos",
         description="Run lock workers against a store under injected faults, then check them.",
     )
-    parser.add_argument("--backend", choices=("sqlite", "postgres"), required=True)
+    parser.add_argument("--backend", choices=("sqlite", "postgres", "etcd", "mysql"), required=True)
     parser.add_argument("--duration", type=float, default=60.0, help="seconds (default 60)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--workers", type=int, default=6)
@@ -37,19 +38,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--restart-every", type=float, default=300.0, help="at most one per")
     parser.add_argument("--pg", default=PG_DEFAULT, help="PostgreSQL URL (a schema is added)")
+    parser.add_argument(
+        "--mysql", default=MYSQL_DEFAULT, help="MySQL server URL (a database is added)"
+    )
     parser.add_argument("--history", type=Path, required=True, help="JSON lines written here")
     parser.add_argument("--summary", type=Path, help="default: HISTORY.summary.json")
     parser.add_argument("--keep", action="store_true", help="keep the PostgreSQL schema")
     args = parser.parse_args(argv)
     if args.names < 2 or args.workers < 1:
         parser.error("a run needs at least one worker and two names (multi-locks take two)")
+    if args.backend == "etcd" and (args.no_fencing or args.allow_restart):
+        parser.error("--no-fencing and --allow-restart are for the SQL backends")
+    if args.backend == "mysql" and args.no_fencing:
+        parser.error(
+            "the control run (--no-fencing) has plain registers on sqlite and postgres only"
+        )
+    if args.backend == "mysql" and args.allow_restart:
+        parser.error("--allow-restart restarts PostgreSQL only (never the shared MariaDB)")
 
     args.history.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
         run_id = f"{args.seed}_{secrets.token_hex(3)}"
+        # On etcd, a private 3-member cluster whose members the nemesis kills and pauses.
+        members = EtcdCluster(Path(tmp) / "etcd") if args.backend == "etcd" else None
         config = Config(
             backend=args.backend,
-            url=store_url(args.backend, run_id, Path(tmp), args.pg),
+            url=(
+                members.url(f"chaos_{run_id}")
+                if members is not None
+                else store_url(args.backend, run_id, Path(tmp), args.pg, args.mysql)
+            ),
             run_id=run_id,
             seed=args.seed,
             duration=args.duration,
@@ -64,10 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             fault_every=args.fault_every,
         )
         try:
-            run(config, args.history.with_suffix(".log"))
+            run(config, args.history.with_suffix(".log"), members)
         finally:
             if not args.keep:
                 drop(config)
+            if members is not None:
+                members.stop()
     summary = check_file(args.history, args.summary)
     print(report(summary))
     return 0 if summary["safe"] and summary["valid"] else 1

@@ -25,7 +25,7 @@ Safety (each must be 0):
   accepted write of the same register (invoked after the other completed)
   but carries a token that is not larger.
 - ``grant_order`` — the same for grants of a name: a grant that certainly
-  came after another carries a token that is not larger (D7).
+  came after another carries a token that is not larger (src/lockwarden/store/README.md).
 - ``lost_increments`` — accepted increments missing from the register:
   two accepted writes wrote the same value, or the final value is smaller
   than the number of accepted writes. ``unexplained_increments``: it is

@@ -16,9 +16,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 @dataclass(frozen=True)
 class Config:
     backend: str
-    """"sqlite" or "postgres"."""
+    """"sqlite", "postgres", "etcd" or "mysql"."""
     url: str
-    """The store's URL (a file of the run's own, or a schema of the run's own)."""
+    """The store's URL (a file, a schema or an etcd key prefix of the run's own)."""
     run_id: str
     """Names this run's sessions (app id) and PostgreSQL connections (application_name)."""
     seed: int

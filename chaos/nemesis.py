@@ -11,6 +11,9 @@ One fault at a time, a random interval apart (exponential, mean
 - ``restart`` (PostgreSQL, with ``--allow-restart``) — restart the server,
   the first time half ``restart_every`` into the run, then every
   ``restart_every`` seconds, no more often (others may share the server);
+- ``member-kill`` (etcd) — SIGKILL one member of the cluster (the leader half
+  the time) and start it again 0.5 to 3 s later; ``member-pause`` — SIGSTOP
+  one member for 0.5 to 3 s. One member at a time: a majority stays up.
 - ``kill-writer`` (SQLite) — SIGKILL a worker *inside* a write transaction.
   It is found by freezing a worker (SIGSTOP), and looking in ``/proc/locks``
   for its exclusive lock on byte 120 of the database's ``-shm`` file, the
@@ -41,7 +44,7 @@ import psycopg
 from chaos.config import Config
 from chaos.history import HistoryWriter
 from chaos.worker import Board
-from lockwarden.store.url import parse_url
+from lockwarden.store.url import mysql_options, parse_url
 
 PAUSE_TTLS = (1.25, 2.5)
 """A pause lasts this many TTLs: always longer than the lease."""
@@ -67,6 +70,27 @@ class Workers(Protocol):
         """SIGKILL the worker in ``slot`` and restart it soon; its pid (None if there was none)."""
 
 
+class Members(Protocol):
+    """What the nemesis needs of an etcd cluster (`chaos.etcd_cluster.EtcdCluster`)."""
+
+    @property
+    def size(self) -> int: ...
+
+    def leader(self) -> int: ...
+
+    def kill(self, i: int) -> None: ...
+
+    def start(self, i: int) -> None: ...
+
+    def pause(self, i: int) -> None: ...
+
+    def resume(self, i: int) -> None: ...
+
+
+MEMBER_DOWN = (0.5, 3.0)
+"""Seconds an etcd member stays killed or paused."""
+
+
 def pg_restart_command() -> list[str]:
     """Restart the local PostgreSQL cluster (the machine's only version, cluster ``main``)."""
     [version] = os.listdir("/etc/postgresql")
@@ -75,13 +99,19 @@ def pg_restart_command() -> list[str]:
 
 class Nemesis(threading.Thread):
     def __init__(
-        self, config: Config, workers: Workers, board: Board, history: HistoryWriter
+        self,
+        config: Config,
+        workers: Workers,
+        board: Board,
+        history: HistoryWriter,
+        members: Members | None = None,
     ) -> None:
         super().__init__(name="nemesis", daemon=True)
         self.config = config
         self.workers = workers
         self.board = board
         self.history = history
+        self.members = members
         self.rng = random.Random(f"{config.seed}:nemesis")
         self.stopping = threading.Event()
         self.failed: BaseException | None = None
@@ -89,8 +119,13 @@ class Nemesis(threading.Thread):
         self._faults: dict[str, Callable[[], None]] = {"kill": self.kill, "pause": self.pause}
         if config.backend == "postgres":
             self._faults["terminate"] = self.terminate
-        else:
+        elif config.backend == "mysql":
+            self._faults["kill-connections"] = self.kill_connections
+        elif config.backend == "sqlite":
             self._faults["kill-writer"] = self.kill_writer
+        if members is not None:
+            self._faults["member-kill"] = self.member_kill
+            self._faults["member-pause"] = self.member_pause
 
     def stop(self) -> None:
         """Stop after the fault under way (a paused worker is resumed at once)."""
@@ -170,6 +205,29 @@ class Nemesis(threading.Thread):
             "fault", fault="terminate", slot=None if everyone else slot, connections=len(rows)
         )
 
+    def kill_connections(self) -> None:
+        """KILL one of the run's MySQL connections (mostly) or all of them.
+
+        MySQL connections carry no application name, so a victim is any
+        connection to the run's database: a worker's pool, doorbell or heartbeat.
+        """
+        import MySQLdb  # noqa: PLC0415  (only MySQL runs need the driver)
+
+        options = mysql_options(self.config.url)
+        everyone = self.rng.random() < 0.3
+        with MySQLdb.connect(**options, autocommit=True) as conn, conn.cursor() as cur:
+            cur.execute(
+                "SELECT ID FROM information_schema.PROCESSLIST"
+                " WHERE DB = %s AND ID <> CONNECTION_ID() ORDER BY ID",
+                (options["database"],),
+            )
+            ids = [row[0] for row in cur.fetchall()]
+            victims = ids if everyone or not ids else [self.rng.choice(ids)]
+            for conn_id in victims:
+                with contextlib.suppress(MySQLdb.OperationalError):  # gone meanwhile
+                    cur.execute(f"KILL {int(conn_id)}")
+        self.history.write("fault", fault="kill-connections", connections=len(victims))
+
     def restart(self) -> None:
         """Restart the PostgreSQL server; the record says how long it took and whether it worked."""
         self._last_restart = time.monotonic()
@@ -178,6 +236,37 @@ class Nemesis(threading.Thread):
         self.history.write(
             "fault", fault="restarted", returncode=done.returncode, stderr=done.stderr[-300:]
         )
+
+    def _member(self) -> tuple[int, bool]:
+        """An etcd member to hit: the leader half the time."""
+        assert self.members is not None
+        leader = self.members.leader()
+        i = leader if self.rng.random() < 0.5 else self.rng.randrange(self.members.size)
+        return i, i == leader
+
+    def member_kill(self) -> None:
+        """SIGKILL an etcd member, then start it again (with its data) a little later."""
+        assert self.members is not None
+        i, leader = self._member()
+        self.members.kill(i)
+        self.history.write("fault", fault="member-kill", member=i, leader=leader)
+        try:
+            self.stopping.wait(self.rng.uniform(*MEMBER_DOWN))
+        finally:
+            self.members.start(i)
+            self.history.write("fault", fault="member-start", member=i)
+
+    def member_pause(self) -> None:
+        """SIGSTOP an etcd member for a while: it neither answers nor leads meanwhile."""
+        assert self.members is not None
+        i, leader = self._member()
+        self.members.pause(i)
+        self.history.write("fault", fault="member-pause", member=i, leader=leader)
+        try:
+            self.stopping.wait(self.rng.uniform(*MEMBER_DOWN))
+        finally:
+            self.members.resume(i)
+            self.history.write("fault", fault="member-resume", member=i)
 
     def kill_writer(self) -> None:
         """SIGKILL a worker frozen while it holds SQLite's write lock."""

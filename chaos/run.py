@@ -2,9 +2,10 @@
 
 A run:
 
-1. makes a store of its own (an SQLite file in a temporary directory, or a
-   PostgreSQL schema ``chaos_<run id>``) and writes the configuration as the
-   history's first record;
+1. makes a store of its own (an SQLite file in a temporary directory, a
+   PostgreSQL schema ``chaos_<run id>``, or a key prefix of the same name on
+   a private etcd cluster that ``python -m chaos`` starts) and writes the
+   configuration as the history's first record;
 2. starts the workers (``python -m chaos.worker``) and the nemesis, and for
    ``duration`` seconds restarts any worker that dies (a kill by the nemesis
    is expected; any other exit is recorded as a ``crash`` and invalidates
@@ -27,17 +28,17 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import psycopg
 
 import lockwarden
 from chaos.config import Config
 from chaos.history import HistoryWriter
-from chaos.nemesis import Nemesis
+from chaos.nemesis import Members, Nemesis
 from chaos.registers import PlainRegisters, registers_for
 from chaos.worker import Board
-from lockwarden.store.url import parse_url
+from lockwarden.store.url import mysql_options, parse_url
 
 ROOT = Path(__file__).resolve().parent.parent
 """The directory holding the ``chaos`` package, put on the workers' import path."""
@@ -46,6 +47,7 @@ RESTART_DELAY = (0.2, 1.0)
 """Seconds before a dead worker's slot gets a new worker."""
 
 PG_DEFAULT = os.environ.get("LOCKWARDEN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+MYSQL_DEFAULT = os.environ.get("LOCKWARDEN_TEST_MYSQL", "mysql://root@127.0.0.1:3306")
 
 
 class WorkerPool:
@@ -121,15 +123,34 @@ class WorkerPool:
                     proc.wait()
 
 
-def store_url(backend: str, run_id: str, directory: Path, pg: str = PG_DEFAULT) -> str:
-    """A store of the run's own: a file in its directory, or a schema named after it."""
+def store_url(
+    backend: str, run_id: str, directory: Path, pg: str = PG_DEFAULT, mysql: str = MYSQL_DEFAULT
+) -> str:
+    """A store of the run's own: a file in its directory, a schema or a database named after it."""
     if backend == "sqlite":
         return f"sqlite:///{directory / 'chaos.db'}"
+    if backend == "mysql":
+        return f"{mysql}/chaos_{run_id}"
     return f"{pg}{'&' if '?' in pg else '?'}schema=chaos_{run_id}"
 
 
-def run(config: Config, log_path: Path) -> None:
-    """Run the workers and the nemesis for ``config.duration`` seconds, then record the end."""
+def _mysql_server(url: str) -> Any:
+    """A connection to the MySQL server of a store URL, with no database chosen."""
+    import MySQLdb  # noqa: PLC0415  (only MySQL runs need the driver)
+
+    options = mysql_options(url)
+    del options["database"]
+    return MySQLdb.connect(**options, autocommit=True)
+
+
+def run(config: Config, log_path: Path, members: Members | None = None) -> None:
+    """Run the workers and the nemesis for ``config.duration`` seconds, then record the end.
+
+    ``members``: the etcd cluster's members, for the nemesis to kill and pause.
+    """
+    if config.backend == "mysql":
+        with _mysql_server(config.url) as conn, conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE IF NOT EXISTS {mysql_options(config.url)['database']}")
     with lockwarden.connect(config.url):  # create the tables once, before the crowd arrives
         pass
     if not config.fencing:
@@ -139,7 +160,7 @@ def run(config: Config, log_path: Path) -> None:
     board = Board(config.board, config.workers)
     with open(log_path, "ab") as log:
         pool = WorkerPool(config, history, log)
-        nemesis = Nemesis(config, pool, board, history)
+        nemesis = Nemesis(config, pool, board, history, members)
         try:
             pool.start()
             nemesis.start()
@@ -172,7 +193,11 @@ def _record_final(config: Config, history: HistoryWriter) -> None:
 
 
 def drop(config: Config) -> None:
-    """Remove the run's PostgreSQL schema (its SQLite file goes with its directory)."""
+    """Remove the run's PostgreSQL schema or MySQL database (a SQLite file goes with its
+    directory)."""
+    if config.backend == "mysql":
+        with _mysql_server(config.url) as conn, conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS {mysql_options(config.url)['database']}")
     if config.backend == "postgres":
         parsed = parse_url(config.url)
         with psycopg.connect(parsed.target, autocommit=True) as conn:

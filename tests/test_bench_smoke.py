@@ -8,6 +8,7 @@ child processes, and that the report renders. The real run is
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -25,6 +26,7 @@ TOY = measures.Plan(
     batch_seconds=0.005,
     repeat=1,
     handoff_rounds=4,
+    queue_depths=(1, 2),
     settle=(0.001, 0.002),
     throughput_seconds=0.2,
     processes=2,
@@ -48,7 +50,10 @@ def test_every_measure_runs_on_sqlite(tmp_path: Path) -> None:
     assert not results["skipped"]
     assert results["uncontended"]["lockwarden-sqlite"]["pair_us"] > 0
     assert results["handoff"]["lockwarden-sqlite"]["median_ms"] > 0
+    assert results["queued_handoff"]["lockwarden-sqlite"]["2"]["median_ms"] > 0
+    assert results["queued_handoff"]["lockwarden-sqlite"]["ratio"] > 0
     assert results["throughput"]["lockwarden-sqlite"]["exclusive"] is True
+    assert results["throughput"]["lockwarden-sqlite"]["attempts_per_acquisition"] >= 1
     for holder in ("other", "same"):
         assert results["flatness"]["lockwarden-sqlite"][holder]["10"]["ratio"] > 0
     assert "**lockwarden**" in table
@@ -67,3 +72,19 @@ def test_lockwarden_statement_counter_is_read(tmp_path: Path) -> None:
         assert subject.counters()["statements"] > before
     finally:
         subject.teardown()
+
+
+@pytest.mark.slow
+def test_the_etcd_subjects_run_on_a_private_cluster(tmp_path: Path) -> None:
+    """The run starts its own etcd cluster for the etcd subjects and stops it afterwards."""
+    if shutil.which("etcd") is None:
+        pytest.skip("the etcd program is not installed")
+    keys = ["lockwarden-etcd", "etcd-floor", "etcdctl-lock"]
+    with store.run_env(keys) as env:
+        assert env.etcd
+        results = store.run(env, TOY, keys)
+    assert not results["skipped"], results["skipped"]
+    for key in keys:
+        assert results["uncontended"][key]["pair_us"] > 0
+    for key in ("lockwarden-etcd", "etcdctl-lock"):
+        assert results["throughput"][key]["exclusive"] is True

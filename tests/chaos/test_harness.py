@@ -1,9 +1,12 @@
 """The harness's short run, as CI runs it: 60 s with seed 7 on each backend, no violation.
 
-Both runs start together (each in a store of its own: an SQLite file in a
-temporary directory, a PostgreSQL schema of its own) and take about 65 s of
-wall time in all; they are light (mostly sleeping workers). No PostgreSQL
-restarts here: the server is shared.
+The runs start together (each in a store of its own: an SQLite file in a
+temporary directory, a PostgreSQL schema of its own, a private etcd cluster
+whose members the nemesis kills and pauses) and take about 65 s of wall time
+in all; they are light (mostly sleeping workers). No PostgreSQL restarts
+here: the server is shared. (MariaDB's run, `--backend mysql`, is not among
+them yet: a fourth run at once left the SQLite run short of its minimum of
+grants on the shared 2-core machine.)
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ from chaos.run import ROOT
 pytestmark = pytest.mark.slow
 
 DURATION, SEED = 60, 7
-BACKENDS = ("sqlite", "postgres")
+BACKENDS = ("sqlite", "postgres", "etcd")
+MIN_ACQUIRES = {"sqlite": 300, "postgres": 300, "etcd": 150}
+"""Grants a run must make to count as having done work: on etcd every write waits for a
+quorum's fsync and a killed or paused member costs a timeout, so fewer loops fit."""
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +68,7 @@ def test_a_short_run_under_faults_finds_no_violation(
     assert summary["safe"] and summary["valid"], output
     assert summary["violations"] == dict.fromkeys(SAFETY, 0)
     # The run did work and the nemesis did its job...
-    assert summary["operations"]["acquire"]["ok"] > 300, output
+    assert summary["operations"]["acquire"]["ok"] > MIN_ACQUIRES[backend], output
     deaths = sum(summary["faults"].get(kind, 0) for kind in ("kill", "kill-writer", "pause"))
     assert deaths >= 5, output
     # ...and a dead holder's locks came free in about a TTL (the waiter looks again then;

@@ -92,6 +92,19 @@ def waiter(store: Any, name: str, timeout: float) -> None:
             lock.release()
 
 
+def contender(store: Any, name: str, seconds: float) -> None:
+    """On "go", take and release a lock over and over for ``seconds``; report the tokens."""
+    with store.session(app_id="contender", ttl=10.0) as session:
+        say(event="ready")
+        sys.stdin.readline()
+        tokens = []
+        stop = time.monotonic() + seconds
+        while time.monotonic() < stop:
+            with session.lock(name, timeout=30) as lock:
+                tokens.append(lock.token)
+        say(event="done", tokens=tokens)
+
+
 def main() -> None:
     role, url, *args = sys.argv[1:]
     if os.environ.get("LW_SKEW"):
@@ -104,6 +117,8 @@ def main() -> None:
             counter(store, args[0], int(args[1]))
         elif role == "holder":
             holder(store, args[0], float(args[1]))
+        elif role == "contender":
+            contender(store, args[0], float(args[1]))
         elif role == "waiter":
             waiter(store, args[0], float(args[1]))
         else:

@@ -1,7 +1,9 @@
-"""Fixtures for the store's tests: a real SQLite file and the real PostgreSQL.
+"""Fixtures for the store's tests: a real SQLite file, the real PostgreSQL and MariaDB,
+a private etcd cluster.
 
-Every PostgreSQL test gets a schema of its own (``lw_test_<random>``),
-dropped afterwards, so test runs never see each other's locks.
+Every PostgreSQL test gets a schema of its own (``lw_test_<random>``), every
+MariaDB test a database of its own, dropped afterwards, so test runs never
+see each other's locks.
 """
 
 from __future__ import annotations
@@ -17,13 +19,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import MySQLdb
 import psycopg
 import pytest
+from etcd3gw.client import Etcd3Client
 
 import lockwarden
+from chaos.etcd_cluster import EtcdCluster
 from lockwarden.store import Session, Store
+from lockwarden.store.backend import SQLBackend
+from lockwarden.store.url import mysql_options
 
 PG = os.environ.get("LOCKWARDEN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+MYSQL = os.environ.get("LOCKWARDEN_TEST_MYSQL", "mysql://root@127.0.0.1:3306")
 CHILD = Path(__file__).with_name("child.py")
 
 
@@ -49,11 +57,43 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'locks.db'}"
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+def mysql_admin() -> Any:
+    """A connection to the test MariaDB server as its administrator (no database chosen)."""
+    return MySQLdb.connect(**mysql_options(MYSQL + "/mysql"), autocommit=True)
+
+
+@pytest.fixture
+def mysql_url() -> Iterator[str]:
+    database = f"lw_test_{secrets.token_hex(4)}"
+    with mysql_admin() as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {database}")
+    yield f"{MYSQL}/{database}"
+    with mysql_admin() as conn, conn.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {database}")
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """One 3-member etcd cluster for the whole run (tests that kill members start their own)."""
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"))
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def etcd_url(etcd_cluster: EtcdCluster) -> Iterator[str]:
+    prefix = f"lw_test_{secrets.token_hex(4)}"
+    yield etcd_cluster.url(prefix)
+    etcd_cluster.delete_prefix(prefix)
+
+
+URLS = {"sqlite": "sqlite_url", "postgres": "pg_url", "etcd": "etcd_url", "mysql": "mysql_url"}
+
+
+@pytest.fixture(params=list(URLS))
 def url(request: pytest.FixtureRequest) -> str:
     """The URL of a fresh, empty store on each backend."""
-    name = "sqlite_url" if request.param == "sqlite" else "pg_url"
-    value: str = request.getfixturevalue(name)
+    value: str = request.getfixturevalue(URLS[request.param])
     return value
 
 
@@ -75,6 +115,24 @@ def connect(url: str) -> Iterator[Callable[..., Store]]:
 @pytest.fixture
 def store(connect: Callable[..., Store]) -> Store:
     return connect()
+
+
+def empty_locks(store: Store) -> None:
+    """Remove every holder, waiter and permit setting of a store (sessions stay)."""
+    backend = store._backend
+    if isinstance(backend, SQLBackend):
+        for table in ("lw_holders", "lw_waiters", "lw_permits"):
+            backend.query(f"DELETE FROM {{p}}{table}", write=True)
+        return
+    member = Etcd3Client(*backend.url.target.split(",")[0].split(":"), api_path="/v3/")
+    for kind in "hwop":
+        member.delete_prefix(f"{backend.url.schema}/{kind}/")
+
+
+def lease_slack(store: Store) -> float:
+    """How much later than its TTL a store may find a silent session dead: etcd counts
+    leases in whole seconds and its leader looks for expired ones every half second."""
+    return 1.5 if store.url.startswith("etcd:") else 0.0
 
 
 def stop_heartbeat(session: Session) -> None:

@@ -13,7 +13,7 @@ import pytest
 from lockwarden import LockTimeout
 from lockwarden.store import Store
 
-from .conftest import Background, Child
+from .conftest import Background, Child, lease_slack
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def test_killed_holder_is_replaced_within_ttl_and_an_interval(
         killed = time.monotonic()
         os.kill(holder.pid, signal.SIGKILL)
         lock = waiting.result()
-        assert time.monotonic() - killed <= TTL + TTL / 3
+        assert time.monotonic() - killed <= TTL + TTL / 3 + lease_slack(store)
         assert lock.token > first["token"]
 
 
@@ -79,6 +79,11 @@ def test_frozen_holder_is_reclaimed_once_and_learns_it_on_resume(
 def test_a_client_clock_hours_off_changes_nothing(
     store: Store, url: str, children: Callable[..., Child], skew: float
 ) -> None:
+    if url.startswith("etcd:"):
+        pytest.skip(
+            "etcd has no clock to lend: ages and max_hold compare host clocks there "
+            "(src/lockwarden/store/ETCD.md); liveness is the lease, tested elsewhere"
+        )
     env = {"LW_SKEW": str(skew)}
     # A holder whose clock is off stays live for as long as it beats...
     holder = children("holder", url, "skewed", str(TTL), env=env)

@@ -1,13 +1,13 @@
-"""Fences: the highest token wins, an older one is turned away (D7)."""
+"""Fences: the highest token wins, an older one is turned away."""
 
 from __future__ import annotations
 
 import pytest
 
-from lockwarden import LockLost
+from lockwarden import LockLost, LockUsageError, NotHeld
 from lockwarden.store import Store
 
-from .conftest import stop_heartbeat
+from .conftest import stop_heartbeat, wait_for
 
 
 def test_a_fence_rejects_an_older_token(store: Store) -> None:
@@ -87,3 +87,64 @@ def test_a_write_still_turns_away_every_older_token(store: Store) -> None:
         with pytest.raises(LockLost):
             fence.admit(old)
     assert fence.state() == (10, "v10")
+
+
+def test_a_write_with_a_lock_its_session_knows_is_lost_is_refused_at_once(store: Store) -> None:
+    fence = store.fence("orders")
+    paused = store.session(app_id="paused", ttl=0.3)
+    held = paused.lock("orders")
+    fence.write(held, "first")
+    stop_heartbeat(paused)
+    wait_for(lambda: paused.lost, what="the session to know")
+    sent = store.stats["statements"]
+    with pytest.raises(LockLost, match="refused"):
+        fence.write(held, "stale")
+    assert store.stats["statements"] == sent  # without asking the database
+    assert fence.state() == (held.token, "first")
+
+
+def test_a_write_with_a_broken_lock_is_refused_though_no_newer_token_came(store: Store) -> None:
+    fence = store.fence("orders")
+    s = store.session(app_id="a")
+    held = s.lock("orders")
+    fence.write(held, "v1")
+    store.break_lock("orders")  # the session does not know yet
+    with pytest.raises(LockLost, match="no longer held"):
+        fence.write(held, "v2")
+    with pytest.raises(LockLost, match="no longer held"):
+        fence.read(held)
+    assert fence.state() == (held.token, "v1")
+    fence.write(held.token, "v3")  # a bare token only guards against older tokens
+
+
+def test_a_stamp_names_the_lock_that_guards_the_fence(store: Store) -> None:
+    s = store.session(app_id="a")
+    stamp = s.lock_many([("a", "write"), ("b", "write")])
+    store.fence("b").write(stamp, "x")
+    assert store.fence("b").state() == (stamp.tokens["b"], "x")
+    with pytest.raises(LockUsageError, match="none named 'c'"):
+        store.fence("c").write(stamp, "x")
+    stamp.release()
+    with pytest.raises(NotHeld):
+        store.fence("b").write(stamp, "y")
+
+
+def test_a_fence_shut_by_a_huge_token_is_reset_by_an_administrator(store: Store) -> None:
+    fence = store.fence("orders")
+    fence.admit(2**62)  # a mistaken token shuts every real holder out
+    with store.session(app_id="a") as s, s.lock("orders") as held:
+        with pytest.raises(LockLost):
+            fence.write(held, "v")
+        assert store.reset_fence("orders") == 2**62
+        fence.write(held, "v")
+    [record] = store.admin_log()
+    assert (record.action, record.subject) == ("reset_fence", "orders")
+
+
+@pytest.mark.parametrize("value", ["nul\x00", "lone \ud800", b"bytes", 5])
+def test_fence_values_both_databases_store_alike_or_a_usage_error(
+    store: Store, value: object
+) -> None:
+    with pytest.raises(LockUsageError):
+        store.fence("orders").write(1, value)  # type: ignore[arg-type]
+    assert store.fence("orders").state() == (0, None)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import lockwarden
-from lockwarden import StoreError
+from lockwarden import LockTimeout, StoreError
 from lockwarden.store import Store, plpgsql
 
 from .conftest import Background, pg_admin, wait_for
@@ -61,9 +61,12 @@ def test_acquire_and_release_are_one_round_trip_each(store: Store) -> None:
         assert store.stats["statements"] - before == 1
 
 
-def test_a_release_wakes_the_waiter_without_polling(store: Store) -> None:
+def test_a_release_grants_the_waiter_which_wakes_holding_the_lock(store: Store) -> None:
+    """No polling, and no second attempt: the release grants, its notification carries the token."""
     with store.session(app_id="h", ttl=30) as h, store.session(app_id="w", ttl=30) as w:
         held = h.lock("push")
+        with pytest.raises(LockTimeout):  # the listener is started (once per store)
+            w.lock("push", timeout=0.1)
         before = store.stats["attempts"]
         waiting = Background(lambda: w.lock("push", timeout=20))
         wait_for(lambda: store.waiters("push"), what="the waiter to queue")
@@ -71,21 +74,33 @@ def test_a_release_wakes_the_waiter_without_polling(store: Store) -> None:
         assert store.stats["attempts"] - before == 1
         released = time.monotonic()
         held.release()
-        waiting.result()
+        lock = waiting.result()
         assert time.monotonic() - released < 0.5
-        assert store.stats["attempts"] - before == 2  # the queued attempt and the granted one
+        assert store.stats["attempts"] - before == 1  # granted by the release
+        assert [(e.token, e.holder.app_id) for e in store.locks("push")] == [(lock.token, "w")]
+        assert lock.token > held.token
+        assert store.waiters("push") == []
 
 
-def test_notifications_use_a_channel_named_after_the_schema(store: Store, pg_schema: str) -> None:
+def test_a_grant_is_notified_to_the_waiters_store_alone(store: Store, pg_schema: str) -> None:
+    """A release notifies only the request it granted (its id and token), on the channel of
+    the waiter's store (named by the end of its session id), not the lock's name."""
+    channel = f"lw_{store._backend._tag}"
     with pg_admin() as listener, store.session(app_id="a") as a, store.session(app_id="b") as b:
+        assert b.id.endswith(channel[3:])
         listener.execute(f"LISTEN lockwarden_{pg_schema}")
+        listener.execute(f"LISTEN {channel}")
         held = a.lock("chan")
         waiting = Background(lambda: b.lock("chan", timeout=10))
         wait_for(lambda: store.waiters("chan"), what="the waiter to queue")
         held.release()
-        waiting.result()
-        payloads = [n.payload for n in listener.notifies(timeout=1.0, stop_after=1)]
-        assert payloads == ["chan"]
+        lock = waiting.result()
+        notes = [(n.channel, n.payload) for n in listener.notifies(timeout=1.0, stop_after=1)]
+        assert notes == [(channel, f"{lock.id} {lock.token}")]
+        a.lock("chan-2")
+        store.break_lock("chan-2")  # a path whose waiters must look again names the lock
+        notes = [(n.channel, n.payload) for n in listener.notifies(timeout=1.0, stop_after=1)]
+        assert notes == [(f"lockwarden_{pg_schema}", "chan-2")]
 
 
 def test_waiters_recover_when_the_listener_connection_dies(store: Store, pg_schema: str) -> None:
@@ -93,7 +108,8 @@ def test_waiters_recover_when_the_listener_connection_dies(store: Store, pg_sche
         held = h.lock("relisten")
         waiting = Background(lambda: w.lock("relisten", timeout=20))
         wait_for(lambda: store.waiters("relisten"), what="the waiter to queue")
-        terminate(backend_pid(f"LISTEN lockwarden_{pg_schema}%", waiting=False))
+        channel = f"lw_{store._backend._tag}"
+        terminate(backend_pid(f"LISTEN {channel}", waiting=False))
         wait_for(lambda: store.stats["listener_reconnects"] >= 1, what="the listener to notice")
         time.sleep(0.3)
         held.release()
@@ -127,7 +143,7 @@ def test_connection_killed_mid_acquire_grants_once(store: Store, pg_schema: str)
             (key, plpgsql.BUCKETS - 1),
         )
         waiting = Background(lambda: s.lock("mid", timeout=20))
-        terminate(backend_pid(f"%{pg_schema}.lw_acquire%"))
+        terminate(backend_pid(f"%{pg_schema}.lw_lock%"))
         wait_for(lambda: store.stats["retries"] >= 1, what="the client to retry")
         blocker.execute("COMMIT")
         lock = waiting.result()
@@ -263,3 +279,101 @@ def test_plans_made_on_empty_tables_never_scan_them_once_full(store: Store, pg_s
         blocked.result()
     assert scans.get("lw_holders", 0) == 0
     assert scans.get("lw_waiters", 0) == 0
+
+
+def _function_state(pg_schema: str) -> tuple[list[str], int]:
+    """The schema's ``lw_...`` function signatures, and the recorded fingerprint."""
+    with pg_admin() as conn:
+        signatures = [
+            row[0]
+            for row in conn.execute(
+                "SELECT p.oid::regprocedure::text FROM pg_proc AS p"
+                " WHERE p.pronamespace = %s::regnamespace AND p.proname LIKE 'lw\\_%%'"
+                " ORDER BY 1",
+                (pg_schema,),
+            )
+        ]
+        found = conn.execute(
+            f"SELECT value FROM {pg_schema}.lw_meta WHERE key = 'functions'"
+        ).fetchone()
+    assert found is not None
+    return signatures, found[0]
+
+
+def test_functions_follow_the_library_whatever_the_schema_version(
+    store: Store, pg_url: str, pg_schema: str
+) -> None:
+    """A store left on other function bodies (an older lockwarden's, with an old overload and
+    its own fingerprint) gets this library's functions back on the next connect."""
+    current = _function_state(pg_schema)
+    assert current[1] == plpgsql.fingerprint(pg_schema)
+    with pg_admin() as conn:  # what an older library would have left behind
+        conn.execute(
+            f"CREATE OR REPLACE FUNCTION {pg_schema}.lw_release("
+            "_session text, _request text, _names text[], _relaxed boolean)"
+            " RETURNS bigint LANGUAGE sql AS 'SELECT 1::bigint'"
+        )
+        conn.execute(
+            f"CREATE FUNCTION {pg_schema}.lw_acquire(_session text, _request text)"
+            " RETURNS jsonb LANGUAGE sql AS 'SELECT NULL::jsonb'"
+        )
+        conn.execute(f"UPDATE {pg_schema}.lw_meta SET value = 42 WHERE key = 'functions'")
+    with store.session(app_id="old") as s:
+        s.lock("body").release()  # still on the old body, which deletes nothing...
+        assert len(store.locks("body")) == 1  # ...which is what an upgrade must not leave
+    assert len(_function_state(pg_schema)[0]) == len(current[0]) + 1
+
+    with lockwarden.connect(pg_url) as upgraded, upgraded.session(app_id="new") as s:
+        assert _function_state(pg_schema) == current  # restored, and the overload gone
+        upgraded.break_lock("body")
+        s.lock("body").release()
+        assert upgraded.locks("body") == []
+
+
+def test_concurrent_connects_to_a_store_with_stale_functions_all_succeed(
+    store: Store, pg_url: str, pg_schema: str
+) -> None:
+    """Connecting processes re-create the functions one at a time (the migration lock), and
+    calls running beside the re-creation keep working."""
+    current = _function_state(pg_schema)
+    with pg_admin() as conn:
+        conn.execute(f"UPDATE {pg_schema}.lw_meta SET value = 42 WHERE key = 'functions'")
+    stop = time.monotonic() + 3.0
+
+    def busy() -> int:
+        done = 0
+        with store.session(app_id="busy") as s:
+            while time.monotonic() < stop:
+                s.lock("busy").release()
+                done += 1
+        return done
+
+    def reconnect() -> int:
+        connected = 0
+        while time.monotonic() < stop:
+            with pg_admin() as conn:
+                conn.execute(f"UPDATE {pg_schema}.lw_meta SET value = 42 WHERE key = 'functions'")
+            lockwarden.connect(pg_url).close()
+            connected += 1
+        return connected
+
+    worker = Background(busy)
+    connectors = [Background(reconnect) for _ in range(4)]
+    assert all(c.result() > 0 for c in connectors)
+    assert worker.result() > 0
+    lockwarden.connect(pg_url).close()
+    assert _function_state(pg_schema) == current
+
+
+def test_stray_notifications_on_the_grant_channel_harm_nobody(store: Store, pg_schema: str) -> None:
+    """Anyone who can connect may NOTIFY on any channel; the listener must go on."""
+    with store.session(app_id="h") as h, store.session(app_id="w") as w, pg_admin() as admin:
+        held = h.lock("stray")
+        waiting = Background(lambda: w.lock("stray", timeout=20))
+        wait_for(lambda: store.waiters("stray"), what="the waiter to queue")
+        for payload in ("", "x", "nobody 12", "nobody ²", "nobody -1", " 5"):
+            admin.execute("SELECT pg_notify(%s, %s)", (f"lw_{w.id[-16:]}", payload))
+        time.sleep(0.3)
+        assert store.waiters("stray")  # nobody was fooled into holding it
+        held.release()
+        assert waiting.result(timeout=5).token > held.token

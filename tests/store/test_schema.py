@@ -8,7 +8,16 @@ import pytest
 
 import lockwarden
 from lockwarden import LockLost, StoreError
-from lockwarden.store import Store, schema
+from lockwarden.store import Store, check_schema, schema
+
+from .conftest import URLS
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest) -> str:
+    """Schema versions are the SQL backends': an etcd store has no tables to migrate."""
+    value: str = request.getfixturevalue(URLS[request.param])
+    return value
 
 
 def test_a_new_database_gets_the_current_version(store: Store) -> None:
@@ -24,11 +33,67 @@ def test_reconnecting_keeps_the_data(url: str, connect: Callable[..., Store]) ->
         assert [e.token for e in second.locks()] == [held.token]
 
 
-def test_a_newer_schema_is_refused(url: str, connect: Callable[..., Store]) -> None:
-    store = connect()
+def _pretend_newer(store: Store, compatible_from: int) -> None:
+    """Record a version one step ahead of this lockwarden, as a newer client would."""
     store._backend.query(schema.WRITE_VERSION, {"version": schema.SCHEMA_VERSION + 1}, write=True)
-    with pytest.raises(StoreError, match="newer than this lockwarden"):
+    store._backend.query(
+        schema.WRITE_COMPATIBLE_FROM, {"compatible_from": compatible_from}, write=True
+    )
+
+
+def test_a_newer_schema_that_older_clients_cannot_use_is_refused(
+    url: str, connect: Callable[..., Store]
+) -> None:
+    _pretend_newer(connect(), compatible_from=schema.SCHEMA_VERSION + 1)
+    with pytest.raises(StoreError, match="cannot use safely"):
         lockwarden.connect(url)
+
+
+def test_a_newer_schema_made_by_additive_steps_is_used_as_it_is(
+    url: str, connect: Callable[..., Store]
+) -> None:
+    """A rolling upgrade: the first upgraded host adds, say, an index; the others carry on."""
+    _pretend_newer(connect(), compatible_from=schema.SCHEMA_VERSION)
+    older = connect()
+    with older.session(app_id="old") as s:
+        assert s.lock("still-works").token >= 1
+    assert older._backend.query(schema.READ_VERSION) == [{"value": schema.SCHEMA_VERSION + 1}]
+
+
+def test_every_version_records_who_may_use_it(store: Store) -> None:
+    rows = store._backend.query(schema.READ_META)
+    assert {r["key"]: r["value"] for r in rows} == {
+        "schema_version": schema.SCHEMA_VERSION,
+        "compatible_from": schema.compatible_from(schema.SCHEMA_VERSION),
+    }
+    assert all(1 <= schema.compatible_from(v) <= v for v in range(1, schema.SCHEMA_VERSION + 1))
+
+
+def test_without_create_a_missing_store_is_refused_and_not_made(url: str) -> None:
+    with pytest.raises(StoreError, match=r"no lock store at .*lockwarden init"):
+        lockwarden.connect(url, create=False)
+    plan = check_schema(url)  # still nothing there
+    assert plan.found is None
+    assert [v for v, _ in plan.steps] == list(range(1, schema.SCHEMA_VERSION + 1))
+
+
+def test_without_create_an_existing_store_opens(url: str, connect: Callable[..., Store]) -> None:
+    connect()
+    with lockwarden.connect(url, create=False) as store:
+        assert store.locks() == []
+
+
+def test_check_schema_says_what_an_upgrade_would_do_and_does_nothing(
+    url: str, connect: Callable[..., Store]
+) -> None:
+    store = connect()
+    store._backend.query("DROP INDEX {p}lw_holders_request", write=True)
+    store._backend.query(schema.WRITE_VERSION, {"version": 2}, write=True)
+    plan = check_schema(url)
+    assert (plan.found, plan.refusal) == (2, None)
+    assert [v for v, _ in plan.steps] == list(range(3, schema.SCHEMA_VERSION + 1))
+    assert any("lw_holders_request" in sql for sql in plan.steps[0][1])
+    assert store._backend.query(schema.READ_VERSION) == [{"value": 2}]
 
 
 def test_version_1_fences_keep_their_strictness_after_the_upgrade(
@@ -40,10 +105,27 @@ def test_version_1_fences_keep_their_strictness_after_the_upgrade(
     fence = store.fence("old")
     fence.write(5, "v5")
     fence.admit(9)
-    for downgrade in ("ALTER TABLE {p}lw_fences DROP COLUMN written", schema.WRITE_VERSION):
+    for downgrade in (
+        "ALTER TABLE {p}lw_fences DROP COLUMN written",
+        "ALTER TABLE {p}lw_sessions DROP COLUMN pid_start",
+        "DROP TABLE {p}lw_admin",
+        schema.WRITE_VERSION,
+    ):
         store._backend.query(downgrade, {"version": 1}, write=True)
     upgraded = connect().fence("old")
     with pytest.raises(LockLost):
         upgraded.read(8)
     assert upgraded.read(9) == "v5"
     assert store._backend.query(schema.READ_VERSION) == [{"value": schema.SCHEMA_VERSION}]
+
+
+def test_an_older_client_leaves_a_newer_stores_functions_alone(pg_url: str) -> None:
+    """On a newer store it may use, a client does not write back its own (older) PL/pgSQL:
+    the newer clients sharing the store would run the older bodies from then on."""
+    with lockwarden.connect(pg_url) as store:
+        _pretend_newer(store, compatible_from=schema.SCHEMA_VERSION)
+        newer = "UPDATE {p}lw_meta SET value = 42 WHERE key = 'functions'"
+        store._backend.query(newer, write=True)
+    with lockwarden.connect(pg_url) as older:
+        rows = older._backend.query("SELECT value FROM {p}lw_meta WHERE key = 'functions'")
+        assert rows == [{"value": 42}]

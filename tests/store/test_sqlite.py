@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
+import sys
 import threading
 import time
 from collections.abc import Callable
 
 import pytest
 
-from lockwarden.store import Store, queries
+from lockwarden.modes import Mode
+from lockwarden.store import Store, queries, sqlite
 
 from .conftest import Background, Child, wait_for
 
@@ -32,6 +35,27 @@ def test_a_release_in_another_process_wakes_a_waiter_here(
         assert holder.send("release") == {"released": True}
         waiting.result()
         assert time.monotonic() - sent < 0.25  # the poller saw the commit within ~50 ms
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="pokes use Linux's abstract sockets")
+def test_a_release_in_another_process_pokes_the_granted_waiter(
+    store: Store, url: str, children: Callable[..., Child], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release hands the grant to the waiter's own store through its inbox: the waiter
+    holds the lock without polling (the poller here is slowed to 30 s) or another attempt."""
+    monkeypatch.setattr(sqlite, "POLL_MIN", 30.0)
+    monkeypatch.setattr(sqlite, "POLL_MAX", 30.0)
+    holder = children("holder", url, "poked", "5")
+    holder.expect()
+    with store.session(app_id="here") as s:
+        waiting = Background(lambda: s.lock("poked", timeout=20))
+        wait_for(lambda: store.waiters("poked"), what="the waiter to queue")
+        time.sleep(0.3)  # its attempts are made: it waits
+        attempts = store.stats["attempts"]
+        assert holder.send("release") == {"released": True}
+        lock = waiting.result(timeout=10)
+        assert [e.token for e in store.locks("poked")] == [lock.token]
+        assert store.stats["handed"] == 1 and store.stats["attempts"] == attempts
 
 
 def test_a_busy_writer_does_not_starve_a_heartbeat(store: Store) -> None:
@@ -62,3 +86,69 @@ def test_a_request_is_found_through_its_own_index(store: Store, statement: str) 
     details = " / ".join(row["detail"] for row in plan)
     assert "lw_holders_request" in details
     assert "lw_holders_session" not in details
+
+
+def test_twenty_thousand_names_lock_and_release(store: Store) -> None:
+    """A multi-lock's (name, mode) pairs are read in one pass: a join of two json_each
+    tables has no index, and made `lock_many` quadratic (22 s for 20,000 names)."""
+    items = [(f"many/{i}", Mode.S if i % 3 == 0 else Mode.X) for i in range(20_000)]
+    with store.session(app_id="many") as s:
+        stamp = s.lock_many(items, timeout=0)
+        held = {row.name: row.mode for row in store.locks()}
+        assert held == dict(items)
+        stamp.release()
+    assert not store.locks()
+
+
+@pytest.mark.slow
+def test_processes_contending_for_one_lock_take_turns(
+    url: str, children: Callable[..., Child]
+) -> None:
+    """A release grants the head of the queue, so processes looping on one lock take turns
+    (a process that released and asked again at once used to win 2-70 % of the grants)."""
+    contenders = [children("contender", url, "turns", "4") for _ in range(4)]
+    for child in contenders:
+        assert child.expect()["event"] == "ready"
+    for child in contenders:
+        assert child.proc.stdin is not None
+        child.proc.stdin.write("go\n")
+        child.proc.stdin.flush()
+    tokens = [child.expect(timeout=60)["tokens"] for child in contenders]
+    order = [who for _, who in sorted((t, i) for i, ts in enumerate(tokens) for t in ts)]
+    # Counted once every process has queued: a first attempt meets SQLite's busy handler.
+    start = max(order.index(i) for i in range(len(contenders)))
+    steady = order[start:]
+    shares = [steady.count(i) / len(steady) for i in range(len(contenders))]
+    assert all(0.15 <= share <= 0.35 for share in shares), order
+    # Each release hands the lock to the longest waiter, who is never the releaser
+    # while three others are queued.
+    repeats = sum(a == b for a, b in itertools.pairwise(steady))
+    assert repeats <= 0.05 * len(steady), order
+
+
+def test_queued_processes_are_granted_in_queue_order(
+    store: Store, url: str, children: Callable[..., Child]
+) -> None:
+    with store.session(app_id="first") as s:
+        held = s.lock("line")
+        waiters = []
+        for n in range(1, 5):
+            waiters.append(children("waiter", url, "line", "30"))
+            wait_for(lambda n=n: len(store.waiters("line")) == n, what=f"waiter {n} to queue")
+        held.release()
+    tokens = [child.expect()["token"] for child in waiters]
+    assert tokens == sorted(tokens)  # each granted, and in the order they queued
+
+
+def test_a_free_name_is_taken_by_one_statement_and_tokens_keep_growing(store: Store) -> None:
+    """The token counter is moved by a trigger on lw_holders, inside the granting INSERT."""
+    with store.session(app_id="one") as s:
+        before = store.stats["statements"]
+        first = s.lock("solo")
+        assert store.stats["statements"] - before == 1
+        first.release()
+        many = s.lock_many([("solo", "write"), ("duo", "read"), ("trio", "write")])
+        assert min(many.tokens.values()) > first.token
+        assert len(set(many.tokens.values())) == 3
+        many.release()
+        assert s.lock("solo").token > max(many.tokens.values())  # never reused once released

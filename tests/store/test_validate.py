@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import math
+import os
+import stat
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import lockwarden
 from lockwarden import LockUsageError, NotHeld
-from lockwarden.store import Session, Store
+from lockwarden.store import Session, Store, validate
+
+from .conftest import Background, wait_for
 
 LONG = "é" * 256 + "x"  # 513 bytes of UTF-8, 257 characters
 
@@ -52,6 +61,18 @@ BAD_CALLS: list[tuple[str, Callable[[Store, Session], Any], str]] = [
     ("fence token 2**63", lambda st, s: st.fence("f").read(2**63), "2\\*\\*63 - 1"),
     ("fence value not text", lambda st, s: st.fence("f").write(1, b"v"), "text"),
     ("fence resource empty", lambda st, s: st.fence(""), "must not be empty"),
+    ("lone surrogate in name", lambda st, s: s.lock("a\ud800"), "not valid Unicode"),
+    ("lone surrogate app id", lambda st, s: st.session(app_id="\udfff"), "not valid Unicode"),
+    ("NUL in fence value", lambda st, s: st.fence("f").write(1, "a\x00"), "NUL"),
+    ("surrogate fence value", lambda st, s: st.fence("f").write(1, "\ud800"), "not valid Unicode"),
+    ("token of 20,000 digits", lambda st, s: st.fence("f").write(10**20000, "v"), "bits"),
+    ("permits of 2**20000", lambda st, s: st.set_permits("held", write=2**20000), "bits"),
+    ("admin log limit", lambda st, s: st.admin_log(0), "limit must be"),
+    (
+        "raise timeout NaN",
+        lambda st, s: st.set_permits("held", write=2, timeout=math.nan),
+        "timeout",
+    ),
 ]
 
 
@@ -80,3 +101,47 @@ def test_a_stamp_of_another_session_is_refused(store: Store) -> None:
         with pytest.raises(NotHeld, match="expected a Stamp"):
             b.release("not a stamp")  # type: ignore[arg-type]
         assert _state(store) == before
+
+
+@pytest.mark.parametrize("huge", [2**1100, 1e308, 10**400])
+def test_durations_beyond_what_a_thread_can_wait_are_clamped(store: Store, huge: float) -> None:
+    """Integers beyond float range were OverflowError; now every duration is clamped."""
+    with store.session(app_id="a", ttl=huge) as s:
+        assert s.ttl == validate.MAX_WAIT
+        with s.lock("free", timeout=huge) as held:
+            assert held.token > 0
+
+
+def test_a_holder_with_an_absurd_ttl_does_not_crash_its_waiters(store: Store) -> None:
+    """Its staleness deadline is centuries away: the waiter must wait for a release, not fail."""
+    holder = store.session(app_id="forever", ttl=1e308)
+    held = holder.lock("job")
+    with store.session(app_id="waiter") as s:
+        waiting = Background(lambda: s.lock("job"))
+        wait_for(lambda: store.waiters("job"), what="the waiter to queue")
+        held.release()
+        waiting.result().release()
+    holder.close()
+
+
+def test_a_new_store_file_is_private(tmp_path: Path) -> None:
+    path = tmp_path / "locks.db"
+    with lockwarden.connect(str(path)) as store, store.session("a") as s, s.lock("x"):
+        for file in (path, Path(f"{path}-wal")):
+            assert stat.S_IMODE(file.stat().st_mode) == 0o600, file
+
+
+def test_the_default_store_is_private_in_a_private_directory(tmp_path: Path) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "LOCKWARDEN_DB"},
+        "HOME": str(tmp_path),
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+    }
+    lockwarden_cli = Path(sys.executable).with_name("lockwarden")
+    done = subprocess.run(
+        [str(lockwarden_cli), "init"], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done
+    directory = tmp_path / "state" / "lockwarden"
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert stat.S_IMODE((directory / "locks.db").stat().st_mode) == 0o600

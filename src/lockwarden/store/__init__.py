@@ -1,4 +1,4 @@
-"""The shared lock store (DESIGN part D): locks shared by processes and hosts
+"""The shared lock store: locks shared by processes and hosts
 through SQLite or PostgreSQL, with the database as the only coordinator.
 
 Start with `lockwarden.connect`; the design note (README.md beside this file)
@@ -13,9 +13,17 @@ from lockwarden.store.session import (
     SharedLock,
     Stamp,
     Store,
+    check_schema,
     connect,
 )
-from lockwarden.store.status import Cleaned, LockEntry, Permits, WaiterEntry
+from lockwarden.store.status import (
+    Cleaned,
+    LockEntry,
+    Permits,
+    SessionEntry,
+    WaitEdge,
+    WaiterEntry,
+)
 
 __all__ = [
     "Cleaned",
@@ -25,9 +33,12 @@ __all__ = [
     "LockEntry",
     "Permits",
     "Session",
+    "SessionEntry",
     "SharedLock",
     "Stamp",
     "Store",
+    "WaitEdge",
     "WaiterEntry",
+    "check_schema",
     "connect",
 ]

@@ -1,4 +1,4 @@
-"""The asyncio form of the store's waits (D14).
+"""The asyncio form of the store's waits.
 
 The waiting loop is `waiting.acquire_steps`, the same generator the threaded
 form runs; here its database calls run in worker threads and its waits
@@ -11,28 +11,65 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Generator
+from contextlib import suppress
+from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
-from lockwarden.store.waiting import Call, Driver, Steps
-from lockwarden.store.wakeups import AsyncSubscription
+from lockwarden.store.waiting import Call, Driver, Listen, Steps
+from lockwarden.store.wakeups import Subscription, Tokens, Wakeups
 
 T = TypeVar("T")
 
 
-async def run_async(steps: Steps[T], sub: AsyncSubscription) -> T:
+class AsyncSubscription(Subscription):
+    """A subscription waited on from an event loop; wake-ups arrive from other threads."""
+
+    def __init__(
+        self, names: frozenset[str], request_id: str, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        super().__init__(names, request_id)
+        self._loop = loop
+        self._async_event = asyncio.Event()
+
+    def notify(self) -> None:
+        super().notify()
+        with suppress(RuntimeError):  # the loop has closed: nobody waits any more
+            self._loop.call_soon_threadsafe(self._async_event.set)
+
+    async def wait_async(self, timeout: float | None) -> Tokens | None:
+        # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that
+        # arrives as the event is set, and the cancelled waiter would go on waiting.
+        with suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._async_event.wait()
+        self._async_event.clear()
+        self._event.clear()
+        return self._take()
+
+
+async def run_async(steps: Steps[T], wakeups: Wakeups) -> T:
     """Drive ``steps`` on the running event loop."""
     driver = Driver(steps)
-    while (step := driver.next_step()) is not None:
-        try:
-            if isinstance(step, Call):
-                driver.outcome(await _in_thread(step.fn))
-            elif step.woken:
-                await sub.wait_async(step.seconds)
-            else:
-                await asyncio.sleep(step.seconds or 0.0)
-        except BaseException as exc:  # a cancellation too: the generator cleans up
-            driver.outcome(error=exc)
+    sub: AsyncSubscription | None = None
+    try:
+        while (step := driver.next_step()) is not None:
+            try:
+                if isinstance(step, Call):
+                    driver.outcome(await _in_thread(step.fn))
+                elif isinstance(step, Listen):
+                    sub = AsyncSubscription(step.names, step.request_id, asyncio.get_running_loop())
+                    # Starting the listener may wait for its connection: not on the loop.
+                    await _in_thread(partial(wakeups.add, sub, step.since, step.epoch))
+                elif step.woken and sub is not None:
+                    driver.outcome(await sub.wait_async(step.seconds))
+                else:
+                    await asyncio.sleep(step.seconds or 0.0)
+            except BaseException as exc:  # a cancellation too: the generator cleans up
+                driver.outcome(error=exc)
+    finally:
+        if sub is not None:
+            wakeups.remove(sub)
     return driver.result
 
 

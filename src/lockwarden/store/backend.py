@@ -1,20 +1,26 @@
-"""What a storage backend provides, and what both backends share.
+"""What a storage backend provides, and what the SQL backends share.
 
 A backend knows how to reach its database and how to run the acquire and
 release algorithm of the design note in one transaction; everything else the
 store does is shared SQL (`queries`) run through the few primitives below.
+The statements of `queries` are also the names of those operations: a
+backend without SQL (`etcd`) maps each statement it is given to code of its own.
 """
 
 from __future__ import annotations
 
+import os
+import random
+import secrets
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, Literal, TypeVar
 
-from lockwarden.store import schema
+from lockwarden.errors import StoreError
+from lockwarden.store import process, schema
 from lockwarden.store.queries import Dialect
 from lockwarden.store.url import StoreURL
 from lockwarden.store.wakeups import Wakeups
@@ -24,8 +30,17 @@ Params = Mapping[str, object]
 Run = Callable[..., list[Row]]
 """Runs one shared statement inside a transaction: ``run(sql, params={}) -> rows``."""
 
+Opening = Literal["create", "existing", "inspect"]
+"""How a backend treats the store's tables when it opens (`Backend._migrate`)."""
+
 T = TypeVar("T")
 C = TypeVar("C")
+
+
+def jittered(delay: float) -> float:
+    """``delay`` scaled by a random factor from 0.5 to 1.5: clients that failed together
+    (a database restart) do not all come back at the same moment."""
+    return delay * random.uniform(0.5, 1.5)
 
 
 class Stats:
@@ -54,6 +69,9 @@ class Pool(Generic[C]):
     There is no upper bound: a connection is only held for one transaction,
     so the number open follows the number of threads talking to the store at
     once. A connection that failed is closed instead of returned.
+
+    A pool belongs to the process that made it: in a process forked from it,
+    every use raises `LockUsageError` (design note, "Processes: exit and fork").
     """
 
     def __init__(self, connect: Callable[[], C], close: Callable[[C], None], keep: int = 8):
@@ -63,9 +81,12 @@ class Pool(Generic[C]):
         self._idle: list[C] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._pid = os.getpid()
 
     @contextmanager
     def connection(self) -> Iterator[C]:
+        if os.getpid() != self._pid:
+            raise process.forked_from(self._pid)
         with self._lock:
             conn = self._idle.pop() if self._idle else None
         if conn is None:
@@ -95,7 +116,7 @@ class AcquireRequest:
 
     session_id: str
     request_id: str
-    """Chosen by the client and kept across attempts: a retry is recognised (D5)."""
+    """Chosen by the client and kept across attempts: a retry is recognised."""
     names: tuple[str, ...]
     modes: tuple[str, ...]
     """"S" or "X", one per name."""
@@ -137,10 +158,18 @@ class Attempt:
         )
 
 
+class NoStore(StoreError):
+    """The database holds no lock store, and it was opened without creating one."""
+
+    def __init__(self, message: str, plan: schema.Plan | None = None) -> None:
+        super().__init__(message)
+        self.plan = plan
+        """What creating the store would do (`check_schema`)."""
+
+
 class Backend(ABC):
     """One database holding one lock store."""
 
-    dialect: Dialect
     relaxed: bool = False
     """Lock transactions commit without waiting for the disk (PostgreSQL only)."""
 
@@ -150,12 +179,6 @@ class Backend(ABC):
         self.wakeups = Wakeups(self._watch)
 
     # -- what each backend provides -------------------------------------------------
-
-    @abstractmethod
-    def _in_transaction(self, work: Callable[[Run], T]) -> T:
-        """Run ``work`` in one transaction, alone: SQLite's ``BEGIN IMMEDIATE`` excludes
-        every other writer; on PostgreSQL (where only migrations need this) an advisory
-        lock excludes other migrations."""
 
     @abstractmethod
     def query(self, sql: str, params: Params | None = None, *, write: bool = False) -> list[Row]:
@@ -172,9 +195,19 @@ class Backend(ABC):
 
     @abstractmethod
     def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
-        """Delete a request's holder rows and queue entries; wake waiters of ``names``.
+        """Delete a request's holder rows and queue entries, and pass the names on.
 
-        Returns how many holder rows were deleted.
+        Returns how many holder rows were deleted. Also the abandon of a request
+        that stops waiting: it deletes a grant made to it meanwhile too.
+
+        Passing on (design note, "Release"): in the same transaction, under the
+        names' locks, grant the requests the freed names now admit, in queue
+        order (`queries.GRANT_CANDIDATES`, `WAITING_ITEMS`, `IN_THE_WAY`,
+        `INSERT_HOLDERS`), then address each granted request with its tokens
+        and each of `queries.HOLDING_WAITERS` with none — through every
+        process's `Wakeups.address` (PostgreSQL: NOTIFY on the waiter's store's
+        `plpgsql.grant_channel`; SQLite: directly in the releasing process,
+        through the poller of every other).
         """
 
     @abstractmethod
@@ -185,20 +218,85 @@ class Backend(ABC):
     def close(self) -> None:
         """Stop background threads and close every connection."""
 
-    # -- shared ---------------------------------------------------------------------
+    def new_session_id(self) -> str:
+        """A new session's id: 128 random bits (a backend may add what routes its wake-ups)."""
+        return secrets.token_hex(16)
+
+
+class SQLBackend(Backend):
+    """A backend that runs the shared SQL of `queries` (SQLite, PostgreSQL)."""
+
+    dialect: Dialect
+    plan: schema.Plan
+    """What opening did to the store's tables (or would do, when only inspecting)."""
+
+    @abstractmethod
+    def _in_transaction(self, work: Callable[[Run], T]) -> T:
+        """Run ``work`` in one transaction, alone: SQLite's ``BEGIN IMMEDIATE`` excludes
+        every other writer; on PostgreSQL (where only migrations need this) an advisory
+        lock excludes other migrations."""
+
+    @abstractmethod
+    def _has_store(self) -> bool:
+        """Whether the database holds a lock store (its ``lw_meta`` table), changing nothing."""
+
+    def _no_store(self, backend_steps: Mapping[int, Sequence[str]]) -> NoStore:
+        """The error for a database without a store, with the plan of creating one."""
+        nothing = schema.plan(self.query, self.url.display, backend_steps, exists=False)
+        return NoStore(
+            f"no lock store at {self.url.display} (create it with `lockwarden init`)",
+            self._shown(nothing),
+        )
+
+    def _shown(self, plan: schema.Plan) -> schema.Plan:
+        """``plan`` with its statements as the database would receive them, for a person."""
+        steps = tuple((v, tuple(map(self.dialect.render, sql))) for v, sql in plan.steps)
+        return replace(plan, steps=steps)
 
     def _migrate(
-        self, bootstrap: Sequence[str], backend_steps: Mapping[int, Sequence[str]]
+        self,
+        bootstrap: Sequence[str],
+        backend_steps: Mapping[int, Sequence[str]],
+        opening: Opening = "create",
+        then: Callable[[Run], None] | None = None,
     ) -> None:
-        """Create or upgrade the store's tables, one process at a time."""
+        """Create or upgrade the store's tables, one process at a time, as ``opening`` says.
 
-        def work(run: Run) -> None:
+        "create": make the tables where there are none. "existing": refuse a
+        database without a store, so that a mistyped path or schema is
+        reported instead of quietly becoming an empty store (an existing
+        store is still upgraded). "inspect": change nothing; `plan` says what
+        "create" would do.
+
+        ``then`` runs last in the same transaction, whatever the version found:
+        what must follow the library rather than the schema version
+        (PostgreSQL's functions, `plpgsql.sync`). Not on a store of a newer
+        schema version that this client may use (`schema.COMPATIBLE_FROM`):
+        the newer clients' definitions are theirs to keep, and an older
+        client writing back its own would undo them on every connect.
+        """
+        if opening != "create" and not self._has_store():
+            raise self._no_store(backend_steps)
+        if opening == "inspect":
+            self.plan = self._shown(schema.plan(self.query, self.url.display, backend_steps))
+            return
+
+        def work(run: Run) -> schema.Plan:
             for statement in (*bootstrap, schema.BOOTSTRAP):
                 run(statement)
-            rows = run(schema.READ_VERSION)
-            for version in schema.pending(rows[0]["value"] if rows else None, self.url.display):
-                for statement in schema.steps(version, backend_steps):
+            found = schema.plan(run, self.url.display, backend_steps)
+            if found.refusal:
+                raise StoreError(found.refusal)
+            for version, statements in found.steps:
+                for statement in statements:
                     run(statement)
                 run(schema.WRITE_VERSION, {"version": version})
+                run(
+                    schema.WRITE_COMPATIBLE_FROM,
+                    {"compatible_from": schema.compatible_from(version)},
+                )
+            if then is not None and (found.found or 0) <= schema.SCHEMA_VERSION:
+                then(run)
+            return found
 
-        self._in_transaction(work)
+        self.plan = self._in_transaction(work)

@@ -1,4 +1,4 @@
-"""One background thread per store that keeps every session of the store alive (D2).
+"""One background thread per store that keeps every session of the store alive.
 
 Each session is beaten on its own schedule (every TTL/3) with one statement,
 whatever it holds. The thread only schedules; what a beat does is the

@@ -1,4 +1,5 @@
-"""The PostgreSQL functions that make acquire and release one round trip each (D15).
+"""The PostgreSQL functions that make acquire and release one round trip each, and
+the grant a release makes to the waiters it lets in.
 
 They run the algorithm of the design note with the shared statements of
 `queries`, so the SQL a grant decision rests on is the same text that SQLite
@@ -9,9 +10,13 @@ note, "Durability"), and NOTIFY.
 
 from __future__ import annotations
 
+import hashlib
+import re
 import zlib
+from typing import Final
 
 from lockwarden.store import queries
+from lockwarden.store.backend import Run
 
 BUCKETS = 1024
 """Names hash into this many advisory-lock keys per schema.
@@ -29,11 +34,6 @@ def lock_key(schema: str) -> int:
     return zlib.crc32(schema.encode()) - 2**31
 
 
-def channel(schema: str) -> str:
-    """The NOTIFY channel of a schema's store."""
-    return f"lockwarden_{schema}"
-
-
 # Second advisory-lock keys besides the name buckets (0 .. BUCKETS - 1).
 GRAPH_KEY = -1
 """Serializes deadlock checks, so of two requests closing a cycle the second sees the first."""
@@ -41,23 +41,59 @@ MIGRATION_KEY = -2
 """Serializes schema migrations between processes."""
 
 
+def channel(schema: str) -> str:
+    """The NOTIFY channel of a schema's store: lock names whose waiters must look again."""
+    return f"lockwarden_{schema}"
+
+
+TAG_LENGTH = 16
+"""Hex digits at the end of a session id that name its store's grant channel."""
+
+
+def grant_channel(tag: str) -> str:
+    """The NOTIFY channel of one store's waiting requests (design note, "Release").
+
+    Every session id of a store ends with the store's random tag, so a release
+    notifies the listener of the waiter's own store, and no other process
+    wakes. The payload is the request id, then its token if the release
+    granted it one name: ``"<request id> <token>"``. A request id alone asks
+    the request to attempt again (its attempt finds a grant made to it, if any).
+    """
+    return f"lw_{tag}"
+
+
+def _grant_channel_of(session: str) -> str:
+    """`grant_channel` in SQL, from a session id expression."""
+    return f"'lw_' || right({session}, {TAG_LENGTH})"
+
+
 def functions(schema: str) -> list[str]:
-    """``CREATE FUNCTION`` statements for a schema (part of its migration).
+    """``CREATE OR REPLACE FUNCTION`` statements for a schema (kept current by `sync`).
 
     A PL/pgSQL function pays for every statement it runs, so the common
-    path is short: lock the names, read the state, insert the grant (or, for
-    a release, delete it). Both run with generic plans, and without bitmap
-    or sequential scans (design note, "Cost"). Whenever their text changes,
-    the schema version that changes it re-creates them (`steps`).
+    paths are short: a single-name acquire of a free name is one insert
+    (`lw_lock`), a release one delete, and only a release that finds
+    waiters runs the grant (`lw_grant`). They run with generic plans, and
+    without bitmap or sequential scans (design note, "Cost").
     """
     d = queries.plpgsql(schema)
     key = lock_key(schema)
     notify = channel(schema)
-    lock_names = f"""
-    PERFORM pg_advisory_xact_lock({key}, k.bucket)
-    FROM (SELECT DISTINCT (hashtextextended(n, 0) & {BUCKETS - 1})::integer AS bucket
-          FROM unnest(_names) AS n ORDER BY 1) AS k;"""
-    # How both functions are planned (design note, "Cost").
+    addressed = _grant_channel_of("_session")
+
+    def bucket(name: str) -> str:
+        return f"(hashtextextended({name}, 0) & {BUCKETS - 1})::integer"
+
+    def lock_names(names: str) -> str:
+        return f"""
+    IF cardinality({names}) = 1 THEN
+        PERFORM pg_advisory_xact_lock({key}, {bucket(f"{names}[1]")});
+    ELSE
+        PERFORM pg_advisory_xact_lock({key}, k.bucket)
+        FROM (SELECT DISTINCT {bucket("n")} AS bucket FROM unnest({names}) AS n ORDER BY 1) AS k;
+    END IF;"""
+
+    # How the functions are planned (design note, "Cost").
     planner = """LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 SET enable_bitmapscan = off
@@ -66,6 +102,17 @@ SET enable_seqscan = off"""
     IF _relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;"""
+    # Before any grant: if the server restarted since the last one, tokens move on to the
+    # next 2^40 range, durably, so that none repeats one a crash may have forgotten
+    # (design note, "Durability").
+    move_on = f"""
+        UPDATE {schema}.lw_meta SET value = {d.started}
+        WHERE key = 'started' AND value <> {d.started};
+        IF FOUND THEN
+            PERFORM setval('{schema}.lw_token_seq', ((last_value >> 40) + 1) << 40, false)
+            FROM {schema}.lw_token_seq;
+            PERFORM set_config('synchronous_commit', 'on', true);
+        END IF;"""
     acquire = f"""
 CREATE OR REPLACE FUNCTION {schema}.lw_acquire(
     _session text, _request text, _names text[], _modes text[],
@@ -88,10 +135,11 @@ DECLARE
     _edges jsonb;
 BEGIN
     {relax}
-    {lock_names}
+    {lock_names("_names")}
     _now := date_part('epoch', clock_timestamp());
     SELECT * INTO _state FROM ({d.render(queries.ACQUIRE_STATE)}) AS st;
-    IF _state.granted THEN  -- a retry of a request whose first attempt committed
+    IF _state.granted THEN  -- a retry of a request whose first attempt committed, or a
+                            -- request that a release granted while it waited
         SELECT jsonb_object_agg(g.name, g.token) INTO _tokens
         FROM ({d.render(queries.GRANTED)}) AS g;
         RETURN jsonb_build_object('status', 'granted', 'tokens', _tokens);
@@ -126,16 +174,7 @@ BEGIN
 
     IF _rows = '[]' THEN
         IF _state.started <> _state.started_now THEN
-            -- The server restarted: tokens move on to the next 2^40 range, durably,
-            -- so that none repeats one a crash may have forgotten ("Durability").
-            UPDATE {schema}.lw_meta SET value = _state.started_now
-            WHERE key = 'started' AND value <> _state.started_now;
-            IF FOUND THEN
-                PERFORM setval('{schema}.lw_token_seq',
-                               ((last_value >> 40) + 1) << 40, false)
-                FROM {schema}.lw_token_seq;
-                PERFORM set_config('synchronous_commit', 'on', true);
-            END IF;
+            {move_on}
         END IF;
         WITH granted AS ({d.render(queries.INSERT_HOLDERS)})
         SELECT jsonb_object_agg(name, token) INTO _tokens FROM granted;
@@ -149,6 +188,11 @@ BEGIN
         IF _seq IS NULL THEN
             _seq := nextval('{schema}.lw_queue_seq');
             {d.render(queries.INSERT_WAITERS)};
+            IF NOT _reclaimed THEN
+                -- Only queue entries were written: a crash may forget them (design
+                -- note, "Durability"), so this commit need not wait for the disk.
+                PERFORM set_config('synchronous_commit', 'off', true);
+            END IF;
         END IF;
         IF (SELECT h.holds FROM ({d.render(queries.HOLDS_ANY)}) AS h) THEN
             PERFORM pg_advisory_xact_lock({key}, {GRAPH_KEY});
@@ -164,6 +208,93 @@ BEGIN
     RETURN jsonb_build_object('status', 'blocked', 'rows', _rows, 'reclaimed', _reclaimed);
 END
 $fn$"""
+    lock = f"""
+CREATE OR REPLACE FUNCTION {schema}.lw_lock(
+    _session text, _request text, _name text, _mode text,
+    _enqueue boolean, _refuse boolean, _wait double precision, _relaxed boolean,
+    OUT _token bigint, OUT _result jsonb)
+{planner}
+AS $fn$
+DECLARE
+    _now double precision;
+BEGIN
+    {relax}
+    PERFORM pg_advisory_xact_lock({key}, {bucket("_name")});
+    _now := date_part('epoch', clock_timestamp());
+    {d.render(queries.TAKE_IDLE)}
+    INTO _token;
+    IF _token IS NULL THEN  -- not the simple case: the full algorithm decides
+        _result := {schema}.lw_acquire(_session, _request, ARRAY[_name], ARRAY[_mode],
+                                      _enqueue, _refuse, _wait, _relaxed);
+    END IF;
+END
+$fn$"""
+    grant = f"""
+CREATE OR REPLACE FUNCTION {schema}.lw_grant(_released text[])
+RETURNS void
+{planner}
+AS $fn$
+DECLARE
+    _now double precision;
+    _candidate record;
+    _session text;
+    _request text;
+    _seq bigint;
+    _names text[];
+    _modes text[];
+    _name text;
+    _mode text;
+    _refuse boolean := false;  -- a dead holder in the way is for the waiter to judge
+    _closed text[] := ARRAY[]::text[];
+    _blocked boolean;
+    _tokens bigint[];
+    _i integer;
+BEGIN
+    _now := date_part('epoch', clock_timestamp());
+    _names := _released;
+    FOR _candidate IN {d.render(queries.GRANT_CANDIDATES)} LOOP
+        EXIT WHEN _released <@ _closed;
+        _session := _candidate.session_id;
+        _request := _candidate.request_id;
+        _seq := _candidate.seq;
+        SELECT array_agg(w.name), array_agg(w.mode) INTO _names, _modes
+        FROM ({d.render(queries.WAITING_ITEMS)}) AS w;
+        CONTINUE WHEN _names && _closed;  -- behind a waiter blocked there: blocked too
+        -- Names of a multi-lock outside the released ones: their locks are taken out of
+        -- order, so only if free at once; otherwise the request decides for itself.
+        IF NOT coalesce((
+            SELECT bool_and(pg_try_advisory_xact_lock({key}, k.bucket))
+            FROM (SELECT DISTINCT {bucket("n")} AS bucket
+                  FROM unnest(_names) AS n WHERE n <> ALL(_released) ORDER BY 1) AS k), true)
+        THEN
+            PERFORM pg_notify({addressed}, _request);
+            CONTINUE;
+        END IF;
+        _blocked := false;
+        FOR _i IN 1 .. cardinality(_names) LOOP
+            _name := _names[_i];
+            _mode := _modes[_i];
+            IF EXISTS ({d.render(queries.IN_THE_WAY)}) THEN
+                _blocked := true;
+                IF _name = ANY(_released) THEN
+                    _closed := _closed || _name;
+                END IF;
+                EXIT;
+            END IF;
+        END LOOP;
+        CONTINUE WHEN _blocked;
+        {move_on}
+        WITH granted AS ({d.render(queries.INSERT_HOLDERS)})
+        SELECT array_agg(g.token) INTO _tokens FROM granted AS g;
+        {d.render(queries.DEQUEUE)};
+        PERFORM pg_notify({addressed}, _request
+                          || CASE WHEN cardinality(_tokens) = 1 THEN ' ' || _tokens[1] ELSE '' END);
+    END LOOP;
+    _names := _released;
+    PERFORM pg_notify({_grant_channel_of("r.session_id")}, r.request_id)
+    FROM ({d.render(queries.HOLDING_WAITERS)}) AS r;
+END
+$fn$"""
     release = f"""
 CREATE OR REPLACE FUNCTION {schema}.lw_release(
     _session text, _request text, _names text[], _relaxed boolean)
@@ -174,30 +305,105 @@ DECLARE
     _n bigint;
 BEGIN
     {relax}
-    {lock_names}
-    WITH gone AS ({d.render(queries.RELEASE)}), dequeued AS ({d.render(queries.DEQUEUE)})
-    SELECT count(*) INTO _n FROM gone;
-    -- Holding the names' locks, no waiter can enqueue unseen between this
-    -- check and the commit, so a release nobody waits for costs no NOTIFY.
+    {lock_names("_names")}
+    WITH gone AS ({d.render(queries.RELEASE)}) SELECT count(*) INTO _n FROM gone;
+    IF _n < cardinality(_names) THEN
+        -- An abandon (or a stamp that lost a lock). A request holding all its
+        -- names has no queue entries: every grant removes them.
+        {d.render(queries.DEQUEUE)};
+    END IF;
+    -- Holding the names' locks, no waiter can enqueue unseen between this check and the
+    -- commit: the waiters the release lets in are granted here, in queue order, and only
+    -- they are notified; a release nobody waits for costs no more than its delete.
     IF EXISTS (SELECT 1 FROM {schema}.lw_waiters WHERE name = ANY(_names)) THEN
-        PERFORM pg_notify('{notify}', n) FROM unnest(_names) AS n;
+        PERFORM {schema}.lw_grant(_names);
     END IF;
     RETURN _n;
 END
 $fn$"""
-    return [acquire, release]
+    return [acquire, lock, grant, release]
 
 
 def steps(schema: str) -> dict[int, list[str]]:
-    """What PostgreSQL adds to each schema version besides the shared tables."""
+    """What PostgreSQL adds to each schema version besides the shared tables.
+
+    Not the functions: they follow the library, not the schema version (`sync`).
+    """
     return {
         1: [
             # CACHE 1 (the default) matters: with per-backend caches, tokens
             # handed out by two connections would not grow in grant order.
             f"CREATE SEQUENCE {schema}.lw_token_seq CACHE 1",
             f"CREATE SEQUENCE {schema}.lw_queue_seq CACHE 1",
-            *functions(schema),
         ],
-        # Version 3: the functions never plan a sequential scan (CREATE OR REPLACE).
-        3: functions(schema),
     }
+
+
+_HEAD = re.compile(r"FUNCTION (\S+?)\((.*?)\)\s*(?:RETURNS (\w+))?", re.S)
+"""The name, the parameter list and the result type of a ``CREATE FUNCTION`` statement."""
+
+
+def _signature(statement: str) -> tuple[str, str]:
+    """``(name(in types), result type)`` of one of `functions`, as ``to_regprocedure`` reads it.
+
+    OUT parameters are not part of a signature; a function with them returns ``record``.
+    """
+    found = _HEAD.search(statement)
+    assert found is not None, "every statement of `functions` creates one function"
+    name, parameters, result = found.groups()
+    declared = [p.strip() for p in parameters.split(",")]
+    types = [p.split(" ", 1)[1] for p in declared if not p.startswith("OUT ")]
+    return f"{name}({', '.join(types)})", result or "record"
+
+
+_READ_FINGERPRINT: Final = "SELECT value FROM {p}lw_meta WHERE key = 'functions'"
+_WRITE_FINGERPRINT: Final = (
+    "INSERT INTO {p}lw_meta (key, value) VALUES ('functions', :fingerprint)"
+    " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+_STALE_FUNCTIONS: Final = r"""
+SELECT CAST(CAST(p.oid AS regprocedure) AS text) AS signature
+FROM pg_proc AS p
+WHERE p.pronamespace = CAST(:schema AS regnamespace) AND p.proname LIKE 'lw\_%'
+  AND NOT EXISTS (
+      SELECT 1 FROM unnest(CAST(:signatures AS text[]), CAST(:results AS text[])) AS f(sig, res)
+      WHERE to_regprocedure(f.sig) = p.oid AND to_regtype(f.res) = p.prorettype)
+"""
+"""Our functions (named ``lw_...``) in the schema that the library does not define as they are:
+another signature (an old overload), or another result type (which ``CREATE OR REPLACE``
+cannot change)."""
+
+
+def fingerprint(schema: str) -> int:
+    """A 64-bit digest of the function definitions this library runs (kept in ``lw_meta``)."""
+    digest = hashlib.sha256("\n".join(functions(schema)).encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def sync(run: Run, schema: str) -> None:
+    """Make the schema's functions the library's, if its recorded fingerprint differs.
+
+    Runs inside the migration lock on every connect, whatever the schema
+    version: an upgrade that changes a function's text (or signature) must
+    not leave a store on the old body while the Python side runs the new
+    one. Old signatures of our functions are dropped, the current ones
+    replaced in place (a call in flight elsewhere finishes on the old body;
+    the next one runs the new), and the fingerprint recorded, all in the
+    migration's transaction.
+    """
+    wanted = fingerprint(schema)
+    rows = run(_READ_FINGERPRINT)
+    if rows and rows[0]["value"] == wanted:
+        return
+    statements = functions(schema)
+    signatures, results = zip(*map(_signature, statements), strict=True)
+    stale = run(
+        _STALE_FUNCTIONS,
+        {"schema": schema, "signatures": list(signatures), "results": list(results)},
+    )
+    for row in stale:
+        signature = row["signature"].replace("{", "{{").replace("}", "}}")
+        run(f"DROP FUNCTION {signature}")
+    for statement in statements:
+        run(statement)
+    run(_WRITE_FINGERPRINT, {"fingerprint": wanted})

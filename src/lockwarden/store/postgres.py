@@ -1,34 +1,47 @@
-"""The PostgreSQL backend: a connection pool, the lock functions, the LISTEN thread.
+"""The PostgreSQL backend: the lock functions, the LISTEN thread.
 
 Acquire and release are one call each to the PL/pgSQL functions of
-`plpgsql` (one round trip). Wake-ups come by NOTIFY on a channel named after
-the schema; one LISTEN connection per store hands them to local waiters.
-Connection failures are retried a bounded number of times, with the same
+`plpgsql` (one round trip); a release grants the waiters it lets in. Wake-ups
+come by NOTIFY on two channels named after the schema: one addressed to a
+request of this store (a grant, with its token), one to a name's waiters.
+One LISTEN connection per store hands each to the local waiters it concerns.
+Connections and retries are `pgconn`'s; an acquire is retried with the same
 request id, so a retried acquire is recognised rather than granted twice.
 """
 
 from __future__ import annotations
 
+import logging
+import secrets
 import threading
-import time
 from collections.abc import Callable, Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from lockwarden.errors import StoreError
 from lockwarden.store import plpgsql, queries
-from lockwarden.store.backend import AcquireRequest, Attempt, Backend, Params, Pool, Row, Run
-from lockwarden.store.url import StoreURL
+from lockwarden.store.backend import (
+    AcquireRequest,
+    Attempt,
+    Opening,
+    Params,
+    Row,
+    Run,
+    SQLBackend,
+    jittered,
+)
+from lockwarden.store.pgconn import Connections, describe
+from lockwarden.store.url import StoreURL, import_psycopg
 
 if TYPE_CHECKING:
-    import psycopg
+    from lockwarden.store.pgconn import Connection
 
-    Connection = psycopg.Connection[Row]
 
 T = TypeVar("T")
 
-RETRY_DELAYS = (0.05, 0.2, 0.8)
-"""Pauses before each retry of a statement whose connection failed."""
+_POLL_FALLBACK = 1.0
+"""Waiters look at least this often (before jitter) while there is no LISTEN connection."""
+
+log = logging.getLogger("lockwarden.store")
 
 _LISTEN_POLL = 0.2
 """How long the listener waits for a notification before checking whether the store closed.
@@ -40,65 +53,52 @@ _ACQUIRE = (
     "SELECT {p}lw_acquire(:session, :request, :names::text[], :modes::text[],"
     " :enqueue, :refuse, :wait, :relaxed) AS result"
 )
-_RELEASE = "SELECT {p}lw_release(:session, :request, :names::text[], :relaxed) AS deleted"
+# The hot path's statements: positional parameters, text made once per backend.
+_LOCK = "SELECT * FROM {schema}.lw_lock(%s, %s, %s, %s, %s, %s, %s, %s)"
+_RELEASE = "SELECT {schema}.lw_release(%s, %s, %s::text[], %s)"
 
 
-def _import_psycopg() -> Any:
-    try:
-        import psycopg  # noqa: PLC0415  (an optional dependency)
-    except ImportError as exc:
-        raise StoreError(
-            "PostgreSQL stores need the psycopg driver: pip install 'lockwarden[postgres]'"
-        ) from exc
-    return psycopg
-
-
-class PostgresBackend(Backend):
-    def __init__(self, url: StoreURL, *, relaxed: bool) -> None:
+class PostgresBackend(SQLBackend):
+    def __init__(self, url: StoreURL, *, relaxed: bool, opening: Opening = "create") -> None:
         super().__init__(url)
-        self._psycopg = _import_psycopg()
+        self._psycopg = import_psycopg()
+        self._connections = Connections(url)
         self.dialect = queries.postgres(url.schema)
         self.relaxed = relaxed
-        self._pool: Pool[Connection] = Pool(self._connect, _close)
+        self._tag = secrets.token_hex(plpgsql.TAG_LENGTH // 2)
+        self._tuple_row = self._psycopg.rows.tuple_row
+        self._lock_sql = _LOCK.format(schema=url.schema)
+        self._release_sql = _RELEASE.format(schema=url.schema)
         self._closed = threading.Event()
         self._listening = threading.Event()
         self._listen_tried = threading.Event()
-        self._listen_error = ""
         self._listener: threading.Thread | None = None
         self._listener_lock = threading.Lock()
-        self._migrate((f"CREATE SCHEMA IF NOT EXISTS {url.schema}",), plpgsql.steps(url.schema))
-
-    def _connect(self) -> Connection:
-        from psycopg.conninfo import conninfo_to_dict  # noqa: PLC0415
-        from psycopg.rows import dict_row  # noqa: PLC0415
-
-        # "lockwarden" names the connections in pg_stat_activity, unless the URL
-        # names them itself (a keyword argument would override the URL's).
-        named = "application_name" in conninfo_to_dict(self.url.target)
-        conn: Connection = self._psycopg.connect(
-            self.url.target,
-            autocommit=True,
-            row_factory=dict_row,
-            **({} if named else {"application_name": "lockwarden"}),
+        self._migrate(
+            (f"CREATE SCHEMA IF NOT EXISTS {url.schema}",),
+            plpgsql.steps(url.schema),
+            opening,
+            lambda run: plpgsql.sync(run, url.schema),
         )
-        return conn
+
+    def _has_store(self) -> bool:
+        rows = self.query(
+            "SELECT to_regclass(:meta) IS NOT NULL AS found", {"meta": f"{self.url.schema}.lw_meta"}
+        )
+        return bool(rows[0]["found"])
 
     # -- running statements ----------------------------------------------------------
 
     def _run(self, work: Callable[[Connection], T]) -> T:
-        """Run ``work`` on a pooled connection; retry it on a fresh one if the connection failed."""
-        psycopg = self._psycopg
-        for delay in (*RETRY_DELAYS, None):
-            conn: Connection | None = None
-            try:
-                with self._pool.connection() as conn:
-                    return work(conn)
-            except psycopg.Error as exc:
-                if delay is None or not _transient(exc, conn):
-                    raise StoreError(f"lock store {self.url.display}: {_describe(exc)}") from exc
-                self.stats.add("retries")
-                time.sleep(delay)
-        raise AssertionError("unreachable")  # pragma: no cover
+        """Run ``work`` on a pooled connection, retried as `pgconn` says."""
+        return self._connections.run(work, lambda: self.stats.add("retries"))
+
+    def _call(self, conn: Connection, text: str, params: tuple[object, ...]) -> tuple[Any, ...]:
+        """Call one of the lock functions: positional parameters, its one row as a tuple."""
+        self.stats.add("statements")
+        row = conn.cursor(row_factory=self._tuple_row).execute(text, params).fetchone()
+        assert row is not None  # a function call returns one row
+        return tuple(row)
 
     def _execute(self, conn: Connection, text: str, params: Params | None) -> list[Row]:
         self.stats.add("statements")
@@ -134,6 +134,22 @@ class PostgresBackend(Backend):
 
     def acquire(self, request: AcquireRequest) -> Attempt:
         self.stats.add("attempts")
+        if len(request.names) == 1:  # one name: a free one is granted by one insert
+            name = request.names[0]
+            params = (
+                request.session_id,
+                request.request_id,
+                name,
+                request.modes[0],
+                request.enqueue,
+                request.refuse,
+                request.wait,
+                self.relaxed,
+            )
+            token, result = self._run(lambda conn: self._call(conn, self._lock_sql, params))
+            if token is not None:
+                return Attempt("granted", {name: token})
+            return Attempt.from_dict(result)
         rows = self.query(
             _ACQUIRE,
             {
@@ -150,19 +166,14 @@ class PostgresBackend(Backend):
         return Attempt.from_dict(rows[0]["result"])
 
     def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
-        text = self.dialect.render(_RELEASE)
-        params = {
-            "session": session_id,
-            "request": request_id,
-            "names": list(names),
-            "relaxed": self.relaxed,
-        }
+        params = (session_id, request_id, list(names), self.relaxed)
         sent = 0
 
         def work(conn: Connection) -> int:
             nonlocal sent
             sent += 1
-            return int(self._execute(conn, text, params)[0]["deleted"])
+            deleted: int = self._call(conn, self._release_sql, params)[0]
+            return deleted
 
         deleted = self._run(work)
         # A release resent after its connection dropped finds nothing when the
@@ -173,7 +184,7 @@ class PostgresBackend(Backend):
     # -- wake-ups --------------------------------------------------------------------
 
     def _watch(self) -> None:
-        if self._listening.is_set():
+        if self._listen_tried.is_set():
             return
         with self._listener_lock:
             if self._listener is None:
@@ -182,48 +193,67 @@ class PostgresBackend(Backend):
                 )
                 self._listener.start()
         # A waiter must not make its first attempt before LISTEN is in force,
-        # or a release committed in between would go unheard.
+        # or a release committed in between would go unheard. If LISTEN cannot be
+        # had, the listener's retries wake every waiter instead (polling).
         self._listen_tried.wait()
-        if not self._listening.is_set():
-            raise StoreError(
-                f"lock store {self.url.display}: cannot LISTEN for wake-ups: {self._listen_error}"
-            )
 
     def _listen(self) -> None:
-        psycopg = self._psycopg
+        """Keep a LISTEN connection, and while there is none, poll: wake every waiter at
+        each reconnect attempt (backing off, with jitter, to `_POLL_FALLBACK`), so that a
+        refused or dropped LISTEN connection slows waiters down but fails none of them —
+        a waiter granted meanwhile finds its grant when it looks. Back on push as soon
+        as LISTEN is in force again."""
+        names = plpgsql.channel(self.url.schema)
+        requests = plpgsql.grant_channel(self._tag)
         failures = 0
         while not self._closed.is_set():
             try:
-                conn = self._connect()
+                conn = self._connections.connect(retry=False)
                 try:
-                    conn.execute(f"LISTEN {plpgsql.channel(self.url.schema)}")
+                    conn.execute(f"LISTEN {names}")
+                    conn.execute(f"LISTEN {requests}")
                     # Notifications sent while nobody listened are lost: everyone looks again.
-                    self.wakeups.wake_all()
                     self._listening.set()
                     self._listen_tried.set()
+                    self.wakeups.wake_all()
                     failures = 0
                     while not self._closed.is_set():
                         for note in conn.notifies(timeout=_LISTEN_POLL):
-                            self.wakeups.wake((note.payload,))
+                            if note.channel == requests:
+                                self.wakeups.deliver(note.payload)
+                            else:
+                                self.wakeups.wake((note.payload,))
                 finally:
+                    self._listening.clear()
                     conn.close()
-            except psycopg.Error as exc:
-                self._listen_error = _describe(exc)
+            except Exception as exc:  # a StoreError from connect, a psycopg.Error after
+                if failures == 0:
+                    log.warning(
+                        "lock store %s: no LISTEN connection, waiters poll until it is back: %s",
+                        self.url.display,
+                        describe(self.url, exc),
+                    )
                 self._listen_tried.set()
                 self.stats.add("listener_reconnects")
-                self.wakeups.wake_all()  # let waiters look (and meet the trouble themselves)
+                self.wakeups.wake_all()  # let waiters look (the polling)
                 failures += 1
-                self._closed.wait(min(0.05 * 2**failures, 2.0))
+                self._closed.wait(jittered(min(0.05 * 2**failures, _POLL_FALLBACK)))
+
+    @property
+    def listening(self) -> bool:
+        """Whether wake-ups come by NOTIFY now (else waiters poll)."""
+        return self._listening.is_set()
+
+    def new_session_id(self) -> str:
+        """Random, and ending with this store's tag: grants to its waiters notify its
+        own channel (`plpgsql.grant_channel`)."""
+        return secrets.token_hex(16) + self._tag
 
     def close(self) -> None:
         self._closed.set()
         if self._listener is not None:
             self._listener.join(timeout=2 * _LISTEN_POLL + 1.0)
-        self._pool.close()
-
-
-def _close(conn: Connection) -> None:
-    conn.close()
+        self._connections.close()
 
 
 @cache
@@ -240,24 +270,3 @@ def _notifying(statements: tuple[str, ...], channel: str) -> str:
         "(SELECT DISTINCT name FROM changed WHERE name IS NOT NULL) AS n) "
         "SELECT i, name FROM changed, (SELECT count(*) FROM woken) AS w"
     )
-
-
-def _transient(exc: Exception, conn: Connection | None) -> bool:
-    """Whether trying again on a fresh connection may succeed.
-
-    A dropped or refused connection, or a transaction the server rolled back
-    for a concurrency reason. Not: bad credentials, bad SQL, a full disk.
-    """
-    sqlstate = getattr(exc, "sqlstate", None)
-    if sqlstate in ("40001", "40P01"):  # serialization failure, deadlock detected
-        return True
-    if conn is not None and (conn.closed or conn.broken):
-        return True
-    if conn is None:  # could not connect: retry a refused or reset connection, not a rejected login
-        return sqlstate is None or sqlstate.startswith(("08", "57P"))
-    return False
-
-
-def _describe(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

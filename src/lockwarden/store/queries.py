@@ -11,10 +11,10 @@ is written once, with holes that `Dialect.render` fills:
   restart can be noticed; a constant on SQLite, which has no server;
 - ``{in_names}``, ``{items}``: membership in the request's names, and its
   (name, mode) pairs as a subquery, over the bound lists ``:names`` and
-  ``:modes`` (an array on PostgreSQL, JSON text on SQLite), so that one
-  statement serves a whole multi-lock;
+  ``:modes`` (arrays on PostgreSQL; on SQLite the names as JSON text and the
+  modes as one letter per name), so that one statement serves a whole multi-lock;
 - ``{token}``: the next fencing token (a sequence on PostgreSQL; on SQLite a
-  counter reserved beforehand, numbered by ``row_number()``);
+  counter in ``lw_meta`` plus ``row_number()``, moved on by a trigger);
 - ``:name``: a bound parameter (``%(name)s`` for psycopg, the variable
   ``_name`` inside PL/pgSQL). Every name and value travels this way.
 
@@ -26,6 +26,7 @@ session.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import Final
@@ -48,6 +49,8 @@ class Dialect:
     token: str
     param: str
     """A format string for a bound parameter, given its name."""
+    rewrite: Callable[[str], str] | None = None
+    """Applied last, where a database spells the shared text differently (MySQL)."""
 
     @cache  # noqa: B019  (a handful of dialects live for the whole process)
     def render(self, sql: str) -> str:
@@ -61,7 +64,8 @@ class Dialect:
         )
         if self.param.startswith("%("):
             text = text.replace("%", "%%")  # psycopg: a literal % must be doubled
-        return _PARAM.sub(lambda m: self.param.format(m.group(1)), text)
+        text = _PARAM.sub(lambda m: self.param.format(m.group(1)), text)
+        return text if self.rewrite is None else self.rewrite(text)
 
 
 SQLITE: Final = Dialect(
@@ -69,11 +73,12 @@ SQLITE: Final = Dialect(
     now="((julianday('now') - 2440587.5) * 86400.0)",
     started="0",
     in_names="IN (SELECT value FROM json_each(:names))",
-    items=(
-        "SELECT n.value AS name, m.value AS mode"
-        " FROM json_each(:names) AS n JOIN json_each(:modes) AS m ON m.key = n.key"
-    ),
-    token=":first_token + row_number() OVER () - 1",
+    # :modes is one letter per name ("SXX", `sqlite.py` binds it), read by position:
+    # a join of two json_each tables has no index, and took time quadratic in the names.
+    items="SELECT value AS name, substr(:modes, key + 1, 1) AS mode FROM json_each(:names)",
+    # The counter in lw_meta, which a trigger on lw_holders moves up to each token
+    # inserted (`sqlite.py`): a grant is one statement.
+    token="(SELECT value FROM lw_meta WHERE key = 'token') + row_number() OVER ()",
     param=":{}",
 )
 
@@ -102,8 +107,9 @@ def plpgsql(schema: str) -> Dialect:
 # -- sessions ---------------------------------------------------------------
 
 OPEN_SESSION: Final = """
-INSERT INTO {p}lw_sessions (id, app_id, host, pid, ttl, started_at, heartbeat_at, expired)
-VALUES (:session, :app_id, :host, :pid, :ttl, {now}, {now}, FALSE)
+INSERT INTO {p}lw_sessions
+    (id, app_id, host, pid, pid_start, ttl, started_at, heartbeat_at, expired)
+VALUES (:session, :app_id, :host, :pid, :pid_start, :ttl, {now}, {now}, FALSE)
 RETURNING {started} AS started
 """
 
@@ -112,7 +118,7 @@ UPDATE {{p}}lw_sessions AS s SET heartbeat_at = {{now}}
 WHERE s.id = :session AND {LIVE}
 RETURNING {{started}} AS started
 """
-"""The one statement a session sends per interval, however many locks it holds (D2)."""
+"""The one statement a session sends per interval, however many locks it holds."""
 
 EXPIRE_STALE: Final = f"""
 UPDATE {{p}}lw_sessions AS s SET expired = TRUE WHERE NOT s.expired AND NOT {LIVE}
@@ -136,10 +142,24 @@ SELECT (SELECT {LIVE} FROM {{p}}lw_sessions AS s WHERE s.id = :session) AS live,
        {{started}} AS started_now
 """
 """Our session's liveness, our queue position if an earlier attempt enqueued,
-whether an earlier attempt of this very request was already granted (D5),
+whether an earlier attempt of this very request was already granted,
 whether nobody holds or waits for any of the names (then nothing can be in
 the way: the common, uncontended case skips `IN_THE_WAY`), and whether the
 server restarted since the last grant (design note, "Durability")."""
+
+TAKE_IDLE: Final = f"""
+INSERT INTO {{p}}lw_holders (request_id, name, mode, session_id, token, granted_at)
+SELECT :request, :name, :mode, :session, {{token}}, {{now}}
+WHERE EXISTS (SELECT 1 FROM {{p}}lw_sessions AS s WHERE s.id = :session AND {LIVE})
+  AND NOT EXISTS (SELECT 1 FROM {{p}}lw_holders WHERE name = :name)
+  AND NOT EXISTS (SELECT 1 FROM {{p}}lw_waiters WHERE name = :name)
+  AND (SELECT value FROM {{p}}lw_meta WHERE key = 'started') = {{started}}
+RETURNING token
+"""
+"""The fast path of a single-name acquire: grant it if nobody holds or waits for the name,
+our session is live and the server did not restart since the last grant; no row otherwise,
+and the full algorithm decides (the state read, `IN_THE_WAY`, reclaim, queueing). A retry of
+a granted request finds its own row on the name and goes the full way too (step 3)."""
 
 GRANTED: Final = """
 SELECT name, token FROM {p}lw_holders
@@ -149,13 +169,13 @@ WHERE name {in_names} AND request_id = :request AND session_id = :session
 IN_THE_WAY: Final = f"""
 WITH other AS (
     SELECT 'holder' AS kind, h.mode, h.granted_at AS since, NULL AS expires_at,
-           s.id AS session_id, s.app_id, s.host, s.pid, s.heartbeat_at, s.ttl, s.expired,
-           {LIVE} AS live
+           s.id AS session_id, s.app_id, s.host, s.pid, s.pid_start, s.heartbeat_at, s.ttl,
+           s.expired, {LIVE} AS live
     FROM {{p}}lw_holders AS h JOIN {{p}}lw_sessions AS s ON s.id = h.session_id
     WHERE h.name = :name
     UNION ALL
     SELECT 'waiter', w.mode, w.enqueued_at, w.expires_at,
-           s.id, s.app_id, s.host, s.pid, s.heartbeat_at, s.ttl, s.expired,
+           s.id, s.app_id, s.host, s.pid, s.pid_start, s.heartbeat_at, s.ttl, s.expired,
            {LIVE} AND (w.expires_at IS NULL OR w.expires_at > {{now}})
     FROM {{p}}lw_waiters AS w JOIN {{p}}lw_sessions AS s ON s.id = w.session_id
     WHERE w.name = :name AND w.request_id <> :request AND (:seq IS NULL OR w.seq < :seq)
@@ -163,7 +183,7 @@ WITH other AS (
 counted AS (
     SELECT mode FROM other WHERE live OR (kind = 'holder' AND :refuse)
 )
-SELECT :name AS name, kind, mode, since, expires_at, session_id, app_id, host, pid,
+SELECT :name AS name, kind, mode, since, expires_at, session_id, app_id, host, pid, pid_start,
        heartbeat_at, ttl, expired, live, {{now}} AS now
 FROM other
 WHERE (kind = 'holder' AND NOT live AND NOT :refuse)
@@ -223,8 +243,7 @@ HOLDS_ANY: Final = """
 SELECT EXISTS (SELECT 1 FROM {p}lw_holders WHERE session_id = :session) AS holds
 """
 
-DEADLOCK_EDGES: Final = f"""
-WITH RECURSIVE
+_WAITS_FOR: Final = f"""
 waiting AS (
     SELECT w.name, w.mode, w.session_id, w.seq
     FROM {{p}}lw_waiters AS w JOIN {{p}}lw_sessions AS s ON s.id = w.session_id
@@ -238,30 +257,34 @@ node AS (
     WHERE {LIVE} AND h.name IN (SELECT name FROM waiting)
 ),
 edge AS (
-    SELECT DISTINCT w.session_id AS src, x.session_id AS dst
+    SELECT DISTINCT w.session_id AS src, x.session_id AS dst, w.name
     FROM waiting AS w
     JOIN node AS x ON x.name = w.name AND x.seq < w.seq AND x.session_id <> w.session_id
     LEFT JOIN {{p}}lw_permits AS pm ON pm.name = w.name
     WHERE x.mode <> w.mode
        OR CASE w.mode WHEN 'X' THEN coalesce(pm.write_permits, 1) ELSE pm.read_permits END = 1
-),
+)
+"""
+"""The waits-for edges between live sessions: W waits for X on a name where X holds, or
+waits ahead, in a mode that excludes W's (a different mode, or the same mode capped at one
+permit). One text for the deadlock check and for `Store.waits_for`."""
+
+DEADLOCK_EDGES: Final = f"""
+WITH RECURSIVE
+{_WAITS_FOR},
 reach(sid) AS (
     SELECT dst FROM edge WHERE src = :session
     UNION
     SELECT edge.dst FROM edge JOIN reach ON edge.src = reach.sid
 )
-SELECT src, dst FROM edge
+SELECT DISTINCT src, dst FROM edge
 WHERE EXISTS (SELECT 1 FROM reach WHERE sid = :session)
   AND (src = :session OR src IN (SELECT sid FROM reach))
 """
-"""The waits-for graph stored in the tables (D13), as edges between sessions.
+"""The edges reachable from :session if :session is on a cycle of waits, and nothing otherwise.
 
-A waiter waits for every live holder, and every live waiter ahead of it, on
-the same name whose mode excludes its own: a different mode, or the same
-mode capped at one permit. (A same-mode holder under a cap above one is not
-an edge: any one of them leaving would do, so a cycle through it need not be
-a deadlock.) Returns the edges reachable from :session if :session is on a
-cycle, and nothing otherwise.
+(A same-mode holder under a cap above one is not an edge: any one of them
+leaving would do, so a cycle through it need not be a deadlock.)
 """
 
 # -- release ----------------------------------------------------------------
@@ -273,7 +296,32 @@ RETURNING name
 """
 """Release a stamp. Holder rows never change once granted (a reclaim or break
 deletes them and a new grant inserts a new row under a new request id), so
-deleting by our request id deletes only rows still carrying our tokens (D9)."""
+deleting by our request id deletes only rows still carrying our tokens."""
+
+# -- grant on release (design note, "Release") --------------------------------
+
+GRANT_CANDIDATES: Final = f"""
+SELECT w.request_id, w.session_id, min(w.seq) AS seq
+FROM {{p}}lw_waiters AS w JOIN {{p}}lw_sessions AS s ON s.id = w.session_id
+WHERE w.name {{in_names}} AND {LIVE} AND (w.expires_at IS NULL OR w.expires_at > {{now}})
+GROUP BY w.request_id, w.session_id
+ORDER BY min(w.seq)
+"""
+"""The requests queued on the released names that may still be granted (live session,
+not past their deadline), in queue order. (A request's rows share one seq.)"""
+
+WAITING_ITEMS: Final = """
+SELECT name, mode FROM {p}lw_waiters WHERE request_id = :request AND session_id = :session
+"""
+"""Every (name, mode) a queued request waits for: a multi-lock is granted all or nothing."""
+
+HOLDING_WAITERS: Final = """
+SELECT DISTINCT w.request_id, w.session_id FROM {p}lw_waiters AS w
+WHERE w.name {in_names}
+  AND EXISTS (SELECT 1 FROM {p}lw_holders AS h WHERE h.session_id = w.session_id)
+"""
+"""Waiters left on the released names whose sessions hold locks: asked to attempt again,
+because their attempt runs the deadlock check (a release used to wake every waiter)."""
 
 # -- reads ------------------------------------------------------------------
 
@@ -282,7 +330,7 @@ SELECT (SELECT {LIVE} FROM {{p}}lw_sessions AS s WHERE s.id = :session) AS live,
        (SELECT count(*) FROM {{p}}lw_holders
         WHERE name {{in_names}} AND request_id = :request AND session_id = :session) AS held
 """
-"""Whether our session is live, and how many rows of a stamp are still ours (D7's check)."""
+"""Whether our session is live, and how many rows of a stamp are still ours (`check()`)."""
 
 LOCKS: Final = f"""
 SELECT h.name, h.mode, h.token, s.id AS session_id, s.app_id, s.host, s.pid,
@@ -301,6 +349,18 @@ WHERE w.name = coalesce(:name, w.name)
 ORDER BY w.name, w.seq
 """
 
+SESSIONS: Final = f"""
+SELECT s.id AS session_id, s.app_id, s.host, s.pid, s.ttl,
+       {{now}} - s.started_at AS age, {{now}} - s.heartbeat_at AS heartbeat_age, {LIVE} AS live
+FROM {{p}}lw_sessions AS s
+ORDER BY s.started_at, s.id
+"""
+
+WAITS_FOR: Final = f"""
+WITH {_WAITS_FOR}
+SELECT src, dst, name FROM edge ORDER BY src, dst, name
+"""
+
 PERMITS: Final = """
 SELECT read_permits, write_permits FROM {p}lw_permits WHERE name = :name
 """
@@ -309,9 +369,14 @@ FENCE_READ: Final = """
 SELECT token, written, value FROM {p}lw_fences WHERE resource = :resource
 """
 
-FENCE_ADVANCE: Final = """
-INSERT INTO {p}lw_fences AS f (resource, token, written, value, updated_at)
-VALUES (:resource, :token, CASE WHEN :write THEN :token ELSE 0 END, :value, {now})
+FENCE_ADVANCE: Final = f"""
+INSERT INTO {{p}}lw_fences AS f (resource, token, written, value, updated_at)
+SELECT :resource, CAST(:token AS BIGINT), CASE WHEN :write THEN CAST(:token AS BIGINT) ELSE 0 END,
+       CAST(:value AS TEXT), {{now}}
+WHERE (CAST(:request AS TEXT) IS NULL OR EXISTS (
+    SELECT 1 FROM {{p}}lw_holders AS h JOIN {{p}}lw_sessions AS s ON s.id = h.session_id
+    WHERE h.request_id = CAST(:request AS TEXT) AND h.session_id = CAST(:session AS TEXT)
+      AND h.token = CAST(:token AS BIGINT) AND {LIVE}))
 ON CONFLICT (resource) DO UPDATE
 SET token = CASE WHEN f.token < excluded.token THEN excluded.token ELSE f.token END,
     written = CASE WHEN :write THEN excluded.token ELSE f.written END,
@@ -320,10 +385,24 @@ SET token = CASE WHEN f.token < excluded.token THEN excluded.token ELSE f.token 
 WHERE CASE WHEN :write THEN f.token ELSE f.written END <= excluded.token
 RETURNING token, value
 """
-"""Admit a token at a fence, and with :write store a value, in one atomic step (D7).
+"""Admit a token at a fence, and with :write store a value, in one atomic step.
 
 A write needs a token at least as new as every token admitted; a read (an
-admit) one at least as new as the last write's. No row comes back otherwise.
+admit) one at least as new as the last write's. With a :request (an access
+that carries its lock, not only a token), the lock must also still be held —
+its holder row there, with this token, its session live — in the same
+statement. No row comes back otherwise.
+"""
+
+FENCE_HELD: Final = f"""
+SELECT count(*) AS n FROM {{p}}lw_holders AS h JOIN {{p}}lw_sessions AS s ON s.id = h.session_id
+WHERE h.request_id = :request AND h.session_id = :session AND h.token = :token AND {LIVE}
+"""
+"""`FENCE_ADVANCE`'s lock check, for a backend that runs it apart (MySQL, in the same
+transaction, under the fence's row lock)."""
+
+FENCE_RESET: Final = """
+DELETE FROM {p}lw_fences WHERE resource = :resource RETURNING token
 """
 
 # -- changes that may let waiters in --------------------------------------------
@@ -345,16 +424,32 @@ EXPIRE_SESSION: Final = (
     "SELECT name FROM {p}lw_holders WHERE session_id = :session",
 )
 
-RELEASE_ALL: Final = (
-    "DELETE FROM {p}lw_holders WHERE session_id IN"
-    " (SELECT id FROM {p}lw_sessions WHERE app_id = :app_id) RETURNING name",
-    "DELETE FROM {p}lw_waiters WHERE session_id IN"
-    " (SELECT id FROM {p}lw_sessions WHERE app_id = :app_id) RETURNING name",
-    "UPDATE {p}lw_sessions SET expired = TRUE WHERE app_id = :app_id AND NOT expired"
-    " RETURNING CAST(NULL AS TEXT) AS name",
+EXPIRE_APP: Final = (
+    f"UPDATE {{p}}lw_sessions AS s SET expired = TRUE WHERE s.app_id = :app_id"
+    f" AND NOT s.expired AND (:force OR NOT {LIVE}) RETURNING CAST(NULL AS TEXT) AS name",
 )
-"""Seed 004's releaseAllLocks: every lock and wait of an application's sessions goes,
-and those sessions are expired so that any still running learn it (on_lost)."""
+"""`release_all`'s first step: mark an application's sessions expired — only those no
+longer live (the compare-and-swap of `EXPIRE_STALE`), or with :force every one."""
+
+RELEASE_EXPIRED_OF_APP: Final = (
+    "DELETE FROM {p}lw_holders WHERE session_id IN"
+    " (SELECT id FROM {p}lw_sessions WHERE app_id = :app_id AND expired) RETURNING name",
+    "DELETE FROM {p}lw_waiters WHERE session_id IN"
+    " (SELECT id FROM {p}lw_sessions WHERE app_id = :app_id AND expired) RETURNING name",
+)
+"""`release_all`'s second step, in a transaction of its own (on PostgreSQL the statements
+of one change share a snapshot, which would not see the first step's marks): every
+lock and wait of the application's expired sessions goes."""
+
+RECORD_ADMIN: Final = """
+INSERT INTO {p}lw_admin (id, at, action, subject, detail, host, pid)
+VALUES (:id, {now}, :action, :subject, :detail, :host, :pid)
+"""
+
+ADMIN_LOG: Final = """
+SELECT at, action, subject, detail, host, pid, {now} AS now FROM {p}lw_admin
+ORDER BY at DESC LIMIT :limit
+"""
 
 BREAK_LOCK: Final = ("DELETE FROM {p}lw_holders WHERE name = :name RETURNING name",)
 

@@ -1,20 +1,30 @@
-"""The store's tables, and the migrations that create and upgrade them (D1).
+"""The store's tables, and the migrations that create and upgrade them.
 
 The table DDL is one text for both backends: SQLite accepts PostgreSQL's type
 names (with the matching affinities) and ``TRUE``/``FALSE``. What only one
 backend has (sequences and functions on PostgreSQL, counters on SQLite) is
-added by that backend's steps. The version reached is kept in ``lw_meta``; a
-database written by a newer lockwarden is refused rather than misread.
+added by that backend's steps.
+
+Versions and rolling upgrades. ``lw_meta`` keeps the version reached
+(``schema_version``) and the oldest version whose clients can still use the
+store safely (``compatible_from``). A client opens a store at its own version
+or older (upgrading it first), and a newer store whose ``compatible_from`` it
+meets: so a step that only adds (an index, or a table or column that older
+clients neither read nor need to keep up to date) lets the hosts of a fleet
+upgrade one at a time. A step that older clients would misuse (a column they
+would leave stale, a function whose arguments changed) sets
+`COMPATIBLE_FROM` to its own version, and a client older than that refuses
+the store rather than misread it. docs/upgrading.md says the same for
+operators.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Final
 
-from lockwarden.errors import StoreError
-
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 6
 
 BOOTSTRAP: Final = """CREATE TABLE IF NOT EXISTS {p}lw_meta (
     key TEXT PRIMARY KEY,
@@ -69,9 +79,27 @@ _TABLES: Final = (
     )""",
 )
 
+COMPATIBLE_FROM: Final[Mapping[int, int]] = {1: 1, 2: 2, 3: 2, 4: 2, 6: 5}
+"""For each version, the oldest version whose clients can use a store at it safely.
+
+A version left out counts as usable by no older client (the safe default).
+Version 2 is not usable by version 1 clients: they would leave a fence's
+last write (``written``) behind its token; version 3 adds only an index,
+version 4 a column older clients leave NULL (their sessions are judged by
+the TTL alone, as before). Version 5 is left out: an older client would
+reserve SQLite tokens itself beside the trigger that now moves the counter.
+"""
+
 READ_VERSION: Final = "SELECT value FROM {p}lw_meta WHERE key = 'schema_version'"
+READ_META: Final = (
+    "SELECT key, value FROM {p}lw_meta WHERE key IN ('schema_version', 'compatible_from')"
+)
 WRITE_VERSION: Final = (
     "INSERT INTO {p}lw_meta (key, value) VALUES ('schema_version', :version)"
+    " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+WRITE_COMPATIBLE_FROM: Final = (
+    "INSERT INTO {p}lw_meta (key, value) VALUES ('compatible_from', :compatible_from)"
     " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 )
 
@@ -93,6 +121,27 @@ _STEPS: Final[dict[int, Sequence[str]]] = {
         # session holds, so acquire and release slowed with each lock held.
         "CREATE INDEX IF NOT EXISTS lw_holders_request ON {p}lw_holders (request_id, session_id)",
     ),
+    4: (
+        # Boot, pid namespace and start time of the session's pid (`process.py`): an
+        # acquirer on the same machine sees at once that a holder's process is gone.
+        # NULL for sessions of older clients, which only the TTL judges.
+        "ALTER TABLE {p}lw_sessions ADD COLUMN pid_start TEXT",
+    ),
+    5: (),  # SQLite only: its token counter moved by a trigger (`sqlite.py`)
+    6: (
+        # What administrators did that overrides holders (Store.admin_log): forced
+        # release_all, permits raised, locks broken, fences reset.
+        """CREATE TABLE {p}lw_admin (
+            id TEXT PRIMARY KEY,
+            at DOUBLE PRECISION NOT NULL,
+            action TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            detail TEXT NOT NULL,
+            host TEXT NOT NULL,
+            pid BIGINT NOT NULL
+        )""",
+        "CREATE INDEX lw_admin_at ON {p}lw_admin (at)",
+    ),
 }
 
 
@@ -104,12 +153,61 @@ def steps(version: int, backend_steps: Mapping[int, Sequence[str]]) -> list[str]
     return [*_STEPS[version], *backend_steps.get(version, ())]
 
 
-def pending(found: int | None, url: str) -> range:
-    """The versions to apply to a database at version ``found`` (None: empty)."""
-    current = found or 0
-    if current > SCHEMA_VERSION:
-        raise StoreError(
-            f"lock store {url} has schema version {current}, newer than this lockwarden "
-            f"understands ({SCHEMA_VERSION}): upgrade lockwarden on this host"
+def compatible_from(version: int) -> int:
+    """The oldest version whose clients can use a store at ``version`` (see `COMPATIBLE_FROM`)."""
+    return COMPATIBLE_FROM.get(version, version)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What opening a store does to its tables, or would do (``lockwarden init --check``)."""
+
+    url: str
+    found: int | None
+    """The store's schema version (None: there is no store yet)."""
+    usable_from: int | None
+    """The oldest version whose clients can use the store (None: no store)."""
+    steps: tuple[tuple[int, tuple[str, ...]], ...]
+    """The versions to apply, in order, each with its statements."""
+
+    @property
+    def refusal(self) -> str | None:
+        """Why this lockwarden must not use the store, or None if it may."""
+        if self.usable_from is None or self.usable_from <= SCHEMA_VERSION:
+            return None
+        return (
+            f"lock store {self.url} has schema version {self.found}, which lockwarden "
+            f"clients older than schema version {self.usable_from} cannot use safely "
+            f"(this one has {SCHEMA_VERSION}): upgrade lockwarden on this host"
         )
-    return range(current + 1, SCHEMA_VERSION + 1)
+
+
+def plan(
+    run: Callable[..., list[dict[str, object]]],
+    url: str,
+    backend_steps: Mapping[int, Sequence[str]],
+    exists: bool = True,
+) -> Plan:
+    """Read the store's versions with ``run`` and say which steps it still needs.
+
+    A store written before ``compatible_from`` was recorded is taken as usable
+    only by its own version and newer, unless this client knows better.
+    """
+    meta: dict[object, object] = (
+        {row["key"]: row["value"] for row in run(READ_META)} if exists else {}
+    )
+    found = meta.get("schema_version")
+    if not isinstance(found, int):
+        return Plan(url, None, None, _steps_after(0, backend_steps))
+    usable = meta.get("compatible_from")
+    if not isinstance(usable, int) or found <= SCHEMA_VERSION:
+        usable = compatible_from(found)
+    return Plan(url, found, usable, _steps_after(found, backend_steps))
+
+
+def _steps_after(
+    version: int, backend_steps: Mapping[int, Sequence[str]]
+) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    return tuple(
+        (v, tuple(steps(v, backend_steps))) for v in range(version + 1, SCHEMA_VERSION + 1)
+    )

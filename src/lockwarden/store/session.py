@@ -3,14 +3,21 @@
 A `Store` is one database; a `Session` is one participant in it, kept alive
 by the store's heartbeat thread (one statement per session per interval,
 however many locks it holds). A session takes locks; what it gets back is a
-`Stamp` (a set of locks granted together, D6) or its one-lock form, a
+`Stamp` (a set of locks granted together) or its one-lock form, a
 `HeldLock`. See the design note (README.md in this package) for the
 algorithm and why it is safe.
+
+Stores belong to the process that opened them. At interpreter exit every
+store still open in this process is closed, which releases its locks at once
+(a process killed outright is found out by the next acquirer on the same
+machine, `process.gone`). A forked child cannot use its parent's stores or
+sessions (`LockUsageError`), and closing them there only forgets them: it
+opens its own (design note, "Processes: exit and fork").
 """
 
 from __future__ import annotations
 
-import asyncio
+import atexit
 import logging
 import math
 import os
@@ -18,31 +25,79 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from lockwarden.errors import LockLost, LockTimeout, LockUsageError, NotHeld
+from lockwarden import hooks
+from lockwarden.errors import (
+    Deadlock,
+    LockLost,
+    LockTimeout,
+    LockUsageError,
+    NotHeld,
+    StoreError,
+)
 from lockwarden.modes import Mode
-from lockwarden.store import queries, validate
-from lockwarden.store.aio import AsyncAcquire, run_async
-from lockwarden.store.backend import Backend, Stats
+from lockwarden.store import process, queries, schema, validate
+from lockwarden.store.backend import Backend, NoStore, Opening, SQLBackend, Stats, jittered
 from lockwarden.store.fence import Fence
 from lockwarden.store.heartbeat import Heartbeat
-from lockwarden.store.postgres import PostgresBackend
 from lockwarden.store.sqlite import SQLiteBackend
-from lockwarden.store.status import Cleaned, LockEntry, Permits, WaiterEntry, holder_of
-from lockwarden.store.url import parse_url
-from lockwarden.store.waiting import Steps, Want, acquire_steps, describe, run_sync
-from lockwarden.store.wakeups import AsyncSubscription, Subscription
+from lockwarden.store.status import (
+    AdminAction,
+    Cleaned,
+    LockEntry,
+    Permits,
+    SessionEntry,
+    WaitEdge,
+    WaiterEntry,
+    holder_of,
+)
+from lockwarden.store.url import StoreURL, parse_url
+from lockwarden.store.waiting import Grant, Want, acquire, acquire_steps, describe
+
+if TYPE_CHECKING:
+    from lockwarden.store.aio import AsyncAcquire
 
 log = logging.getLogger("lockwarden.store")
+admin_log = logging.getLogger("lockwarden.admin")
+"""Where administrators' overrides are logged (INFO: a deliberate act, recorded in the store
+too, `Store.admin_log`; the command line shows it with --verbose)."""
+
+_ADMIN_APP = "lockwarden-admin"
+"""The app id of the session an administrator's operation waits in."""
 
 S = TypeVar("S", bound="Stamp")
 
+_RELEASE_RETRY = 0.05
+"""The first pause (before jitter, doubling up to the heartbeat interval) before a failed
+release is sent again."""
+
 LEASE_MARGIN = 0.1
 """The local lease ends this fraction of the TTL early (design note, "Heartbeat and lost locks")."""
+
+_STORES: weakref.WeakSet[Store] = weakref.WeakSet()
+"""Every store this process opened and has not closed: closed at exit."""
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Release at once what a process that ends without `close()` still holds.
+
+    Normal exit, ``sys.exit`` and an uncaught exception all come here; other
+    holders then need not wait out the TTL.
+    """
+    for store in list(_STORES):
+        if not store._inherited:
+            try:
+                store.close()
+            except Exception as exc:  # the TTL still frees the locks
+                log.warning("closing %s at exit failed: %s", store.url, exc)
 
 
 class Store:
@@ -53,15 +108,27 @@ class Store:
     ) -> None:
         self._backend = backend
         self.max_hold = max_hold
-        """Waiters give up with `HeldTooLong` behind a lock held longer than this (D10)."""
+        """Waiters give up with `HeldTooLong` behind a lock held longer than this."""
         self.on_stale = on_stale
-        """The default stale policy of `Session.lock`: "reclaim" or "refuse" (D8)."""
+        """The default stale policy of `Session.lock`: "reclaim" or "refuse"."""
         self.lock_delay = lock_delay
-        """Seconds a lock taken over from a dead holder is withheld from its new holder (D8)."""
+        """Seconds a lock taken over from a dead holder is withheld from its new holder."""
         self._heartbeat = Heartbeat()
         self._sessions: set[Session] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._pid = os.getpid()
+        _STORES.add(self)
+
+    @property
+    def _inherited(self) -> bool:
+        """This process was forked from the one that opened the store."""
+        return os.getpid() != self._pid
+
+    def _check_process(self) -> None:
+        # Before any lock is taken: a parent's thread may have held it at the fork.
+        if self._inherited:
+            raise process.forked_from(self._pid)
 
     @property
     def url(self) -> str:
@@ -79,13 +146,14 @@ class Store:
         ttl: float = 15.0,
         on_lost: Callable[[LockLost], None] | None = None,
     ) -> Session:
-        """Open a session: the unit of liveness for every lock it takes (D2).
+        """Open a session: the unit of liveness for every lock it takes.
 
         ``ttl`` is how long the session survives without a heartbeat (beats
         come every ttl/3). ``on_lost`` is called once, with a `LockLost`, if
         the session loses its locks (from the heartbeat thread, or from
         `Session.close` if that comes first).
         """
+        self._check_process()
         app_id = validate.name(app_id, "app_id")
         ttl_s = validate.duration(ttl, "ttl", zero=False)
         if on_lost is not None and not callable(on_lost):
@@ -99,19 +167,70 @@ class Store:
         self._heartbeat.add(session)
         return session
 
-    def set_permits(self, name: str, read: int | None = None, write: int = 1) -> None:
-        """Cap how many may hold ``name`` at once in each mode (D4); None: readers unlimited.
+    def set_permits(
+        self,
+        name: str,
+        read: int | None = None,
+        write: int = 1,
+        *,
+        force: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """Cap how many may hold ``name`` at once in each mode; None: readers unlimited.
 
         Seen by the very next attempt of every client; waiters are woken to
         look again. Both caps change in one statement, never half-applied.
+
+        Raising a cap while ``name`` is held in that mode would let a second holder
+        in beside one that took the lock as the only one. So a raise waits for the
+        current holders to leave: it queues for a write lock on ``name`` (in turn, like any
+        waiter, seen in `waiters` as app "lockwarden-admin") and applies the new
+        caps once granted — with the default write cap of 1 nobody else then holds
+        ``name``. ``timeout`` bounds that wait (`LockTimeout`, caps unchanged);
+        ``force=True`` applies at once (an administrator's override). A raise is
+        logged (the ``lockwarden`` logger) and recorded (`admin_log`).
         """
         name = validate.name(name)
         read_n = validate.permits(read, "read", none=True)
         write_n = validate.permits(write, "write", none=False)
+        assert write_n is not None  # none=False
+        force = validate.flag(force, "force")
+        wait = validate.timeout(timeout)
+        before = self.permits(name)
+        raised = {Mode.X} if write_n > before.write else set()
+        if before.read is not None and (read_n is None or read_n > before.read):
+            raised.add(Mode.S)
+        # Only holders in a raised mode could find another beside them that their cap
+        # kept out (readers and writers exclude each other whatever the caps).
+        held = not force and any(not e.stale and e.mode in raised for e in self.locks(name))
         statements = (
             queries.RESET_PERMITS if (read_n, write_n) == (None, 1) else queries.SET_PERMITS
         )
-        self._backend.change(statements, {"name": name, "read": read_n, "write": write_n})
+        params = {"name": name, "read": read_n, "write": write_n}
+        if held:
+            with self.session(_ADMIN_APP, ttl=15.0) as admin:
+                try:
+                    drained = admin.lock(name, "write", timeout=wait)
+                except LockTimeout as exc:
+                    raise LockTimeout(
+                        f"permits of {name!r} unchanged: {exc}. They apply once the current "
+                        "holders leave; force=True applies them at once",
+                        resource=name,
+                        mode=Mode.X,
+                        timeout=wait,
+                        blockers=exc.blockers,
+                    ) from None
+                with drained:
+                    self._backend.change(statements, params)
+        else:
+            self._backend.change(statements, params)
+        if raised:
+            how = "forced while held" if force else "after the holders left" if held else "not held"
+            self._record(
+                "set_permits",
+                name,
+                f"read {before.read} -> {read_n}, write {before.write} -> {write_n} ({how})",
+            )
 
     def permits(self, name: str) -> Permits:
         """The caps `set_permits` gave ``name`` (the defaults if it never did)."""
@@ -120,24 +239,83 @@ class Store:
             return Permits(read=None, write=1)
         return Permits(read=rows[0]["read_permits"], write=rows[0]["write_permits"])
 
-    def release_all(self, app_id: str) -> int:
-        """Release every lock of every session of ``app_id``, and expire those sessions.
+    def release_all(self, app_id: str, *, force: bool = False) -> int:
+        """Release the locks and waits of ``app_id``'s sessions that are no longer alive,
+        and expire them; returns how many locks went.
 
-        For start-up after a crash (seed 004's releaseAllLocks): call it
-        before opening this run's sessions. Returns how many locks went.
+        For start-up after a crash (a restarting service clearing what its last
+        run held). Sessions still alive — another process of the same app, on
+        this host or another — are left alone unless ``force=True``, an
+        administrator's override that takes their locks too (they learn it at
+        their next heartbeat, by `LockLost`). Logged (the ``lockwarden`` logger)
+        and recorded (`admin_log`) when it removes anything or is forced.
         """
-        found = self._backend.change(
-            queries.RELEASE_ALL, {"app_id": validate.name(app_id, "app_id")}
-        )
-        return len(found[0])
+        app_id = validate.name(app_id, "app_id")
+        force = validate.flag(force, "force")
+        params = {"app_id": app_id, "force": force}
+        self._backend.change(queries.EXPIRE_APP, params)
+        holders, _ = self._backend.change(queries.RELEASE_EXPIRED_OF_APP, params)
+        if force or holders:
+            self._record(
+                "release_all", app_id, f"locks released: {len(holders)}{' (forced)' * force}"
+            )
+        return len(holders)
 
     def break_lock(self, name: str) -> int:
         """Remove every holder of ``name`` (an administrator's override); returns how many.
 
         Every later grant carries a larger token, so a fence turns away the
-        broken holder's writes once the new holder has used its token.
+        broken holder's writes once the new holder has used its token. Logged
+        and recorded (`admin_log`).
         """
-        return len(self._backend.change(queries.BREAK_LOCK, {"name": validate.name(name)})[0])
+        name = validate.name(name)
+        removed = len(self._backend.change(queries.BREAK_LOCK, {"name": name})[0])
+        self._record("break_lock", name, f"{removed} holders removed")
+        return removed
+
+    def reset_fence(self, resource: str) -> int:
+        """Forget a fence's tokens and value (an administrator's override); returns the highest
+        token it had admitted (0 if none).
+
+        For a fence shut by a token of another lock or a mistaken huge one: the
+        next holder's token is admitted again. Logged and recorded (`admin_log`).
+        """
+        resource = validate.name(resource, "fence resource")
+        rows = self._backend.query(queries.FENCE_RESET, {"resource": resource}, write=True)
+        highest = int(rows[0]["token"]) if rows else 0
+        self._record("reset_fence", resource, f"forgot token {highest}")
+        return highest
+
+    def admin_log(self, limit: int = 50) -> list[AdminAction]:
+        """The latest administrators' overrides, newest first: forced `release_all`,
+        raised permits, broken locks, reset fences."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10**6:
+            raise LockUsageError(
+                f"limit must be an integer from 1 to 1000000, got {validate.shown(limit)}"
+            )
+        rows = self._backend.query(queries.ADMIN_LOG, {"limit": limit})
+        return [
+            AdminAction(
+                r["action"], r["subject"], r["detail"], r["host"], r["pid"], r["now"] - r["at"]
+            )
+            for r in rows
+        ]
+
+    def _record(self, action: str, subject: str, detail: str) -> None:
+        """Log an administrator's override and keep it in the store (`admin_log`)."""
+        admin_log.info("%s %r on %s: %s", action, subject, self.url, detail)
+        self._backend.query(
+            queries.RECORD_ADMIN,
+            {
+                "id": secrets.token_hex(16),
+                "action": action,
+                "subject": subject,
+                "detail": detail,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+            },
+            write=True,
+        )
 
     def clean(self) -> Cleaned:
         """Remove expired sessions with their locks and waits, and waits past their deadline."""
@@ -160,12 +338,34 @@ class Store:
             WaiterEntry(**r | {"mode": Mode(r["mode"]), "stale": bool(r["stale"])}) for r in rows
         ]
 
+    def sessions(self) -> list[SessionEntry]:
+        """Every session the store knows, live or not (expired ones until `clean` removes them)."""
+        rows = self._backend.query(queries.SESSIONS)
+        return [SessionEntry(**r | {"live": bool(r["live"])}) for r in rows]
+
+    def waits_for(self) -> list[WaitEdge]:
+        """The waits-for graph between live sessions, the one the deadlock check walks.
+
+        A cycle in it is a deadlock that the next attempt of one of its
+        sessions will break (design note, "Deadlocks across sessions").
+        """
+        rows = self._backend.query(queries.WAITS_FOR)
+        return [WaitEdge(r["src"], r["dst"], r["name"]) for r in rows]
+
     def fence(self, resource: str) -> Fence:
-        """The fence of a protected resource, kept in this store's database (D7)."""
+        """The fence of a protected resource, kept in this store's database."""
         return Fence(self._backend, resource)
 
     def close(self) -> None:
-        """Close every open session (releasing its locks), stop the threads, close connections."""
+        """Close every open session (releasing its locks), stop the threads, close connections.
+
+        In a forked child the store is its parent's: closing it there only
+        stops this process from using it.
+        """
+        if self._inherited:
+            self._closed = True
+            return
+        _STORES.discard(self)
         with self._lock:
             if self._closed:
                 return
@@ -209,7 +409,7 @@ class Session:
     ) -> None:
         self._store = store
         self._backend = store._backend
-        self.id = secrets.token_hex(16)
+        self.id = self._backend.new_session_id()
         self.app_id = app_id
         self.ttl = ttl
         self._interval = ttl / 3
@@ -220,6 +420,11 @@ class Session:
         self._closed = False
         self._lost: LockLost | None = None
         self._lost_reported = False
+        self._release_queue: deque[Stamp] = deque()
+        self._releasing: dict[str, tuple[str, ...]] = {}
+        """Releases sent but not confirmed: request id -> names (`_retry_release`)."""
+        self._release_failures = 0
+        self._next_retry = math.inf
         t0 = time.monotonic()
         rows = self._backend.query(
             queries.OPEN_SESSION,
@@ -228,6 +433,7 @@ class Session:
                 "app_id": app_id,
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
+                "pid_start": process.identity(),
                 "ttl": ttl,
             },
             write=True,
@@ -245,7 +451,7 @@ class Session:
         timeout: float | None = None,
         on_stale: str | None = None,
     ) -> HeldLock:
-        """Wait for ``name`` in ``mode`` ("read" or "write"), first come first served (D5).
+        """Wait for ``name`` in ``mode`` ("read" or "write"), first come first served.
 
         ``timeout``: None waits without limit, 0 tries once; `LockTimeout`
         (with ``blockers``) when it runs out. ``on_stale``: "reclaim" takes
@@ -271,7 +477,7 @@ class Session:
         timeout: float | None = None,
         on_stale: str | None = None,
     ) -> Stamp:
-        """Acquire every (name, mode) at once or none of them (D6); waits like `lock`."""
+        """Acquire every (name, mode) at once or none of them; waits like `lock`."""
         want = self._want(items, timeout, on_stale)
         return self._finish(self._run(want), want, Stamp)
 
@@ -293,6 +499,8 @@ class Session:
 
         Cancelling the waiting task leaves no row behind.
         """
+        from lockwarden.store.aio import AsyncAcquire  # noqa: PLC0415  (see _acquire_async)
+
         want = self._want([(name, mode)], timeout, on_stale)
         return AsyncAcquire(self._acquire_async(want, HeldLock), Stamp.release)
 
@@ -303,6 +511,8 @@ class Session:
         on_stale: str | None = None,
     ) -> AsyncAcquire[Stamp]:
         """`lock_many` for asyncio, used like `lock_async`."""
+        from lockwarden.store.aio import AsyncAcquire  # noqa: PLC0415  (see _acquire_async)
+
         want = self._want(items, timeout, on_stale)
         return AsyncAcquire(self._acquire_async(want, Stamp), Stamp.release)
 
@@ -325,26 +535,25 @@ class Session:
             max_hold=self._store.max_hold,
             lock_delay=self._store.lock_delay,
             lost=lambda: self._lose("the database no longer counts this session as live"),
+            abandon=self._abandon,
         )
 
-    def _run(self, want: Want) -> tuple[str, Mapping[str, int]]:
-        steps = acquire_steps(self._backend, want)
-        sub = Subscription(frozenset(name for name, _ in want.items))
-        if want.timeout == 0:  # a try never waits: no need to listen
-            return run_sync(steps, sub)
-        with self._backend.wakeups.subscribe(sub):
-            return run_sync(steps, sub)
+    def _run(self, want: Want) -> Grant:
+        if not hooks.active():
+            return acquire(self._backend, want)
+        with _reporting(want):
+            return acquire(self._backend, want)
 
     async def _acquire_async(self, want: Want, kind: type[S]) -> S:
-        steps: Steps[tuple[str, Mapping[str, int]]] = acquire_steps(self._backend, want)
-        sub = AsyncSubscription(
-            frozenset(name for name, _ in want.items), asyncio.get_running_loop()
-        )
-        with self._backend.wakeups.subscribe(sub):
-            granted = await run_async(steps, sub)
+        # asyncio takes tens of milliseconds to import: only its users pay for it,
+        # not a threaded program or `lockwarden run`, whose start-up every call pays.
+        from lockwarden.store.aio import run_async  # noqa: PLC0415
+
+        with _reporting(want):
+            granted = await run_async(acquire_steps(self._backend, want), self._backend.wakeups)
         return self._finish(granted, want, kind)
 
-    def _finish(self, granted: tuple[str, Mapping[str, int]], want: Want, kind: type[S]) -> S:
+    def _finish(self, granted: Grant, want: Want, kind: type[S]) -> S:
         request_id, tokens = granted
         stamp = kind(
             self,
@@ -365,9 +574,17 @@ class Session:
         `NotHeld` for a stamp of another session, or one unknown or already
         released. `LockLost` if some of its locks had been lost meanwhile
         (what remained was released): the work done under it was not protected.
+        `StoreError` if the database could not be reached: the stamp is no longer
+        this session's all the same (releasing it again raises `NotHeld`), and the
+        release is sent again in the background until the database confirms it
+        (`releasing` counts those), so the lock is freed as soon as the database
+        is back, not when the session ends.
         """
+        self._store._check_process()
         if not isinstance(stamp, Stamp):
-            raise NotHeld(f"expected a Stamp or HeldLock of this session, got {stamp!r}")
+            raise NotHeld(
+                f"expected a Stamp or HeldLock of this session, got {validate.shown(stamp)}"
+            )
         if stamp.session is not self:
             raise NotHeld(
                 f"{stamp!r} belongs to another session ({stamp.session.id[:8]}), not this "
@@ -380,12 +597,71 @@ class Session:
         names = [g.name for g in stamp.locks]
         try:
             deleted = self._backend.release(self.id, stamp.id, names)
-        except BaseException:
-            with self._lock:  # still ours as far as we know: a later release may succeed
-                self._held[stamp.id] = stamp
+        except BaseException as exc:
+            self._retry_release(stamp.id, names)
+            if isinstance(exc, StoreError):
+                raise StoreError(
+                    f"{exc}. The release of {stamp!r} is retried in the background until the "
+                    "database confirms it (or this session ends); the stamp is no longer "
+                    "this session's"
+                ) from exc
             raise
+        if hooks.active():
+            held = time.monotonic() - stamp._granted
+            for g in stamp.locks:
+                hooks.emit("released", g.name, g.mode.word, held)
         if self._lost is not None or deleted < len(names):
             raise self._lost_error(stamp, " before it was released")
+
+    def _abandon(self, request_id: str, names: Sequence[str]) -> None:
+        """Remove what a request that stops waiting left behind (possibly a grant
+        committed just before its connection dropped); retried in the background if
+        the database cannot be reached now."""
+        try:
+            self._backend.release(self.id, request_id, names)
+        except BaseException:
+            self._retry_release(request_id, names)
+            raise
+
+    def _retry_release(self, request_id: str, names: Sequence[str]) -> None:
+        """Hand a release whose outcome is unknown to the heartbeat thread.
+
+        A release is idempotent (it deletes the rows of one request id), so it
+        is sent again until the database confirms it; meanwhile the heartbeat
+        keeps the session, and so the lock, alive: without this a lock whose
+        release met an outage stayed held for the life of the session. The
+        retries stop when the session is lost or closed (its rows then stop
+        counting, or are deleted).
+        """
+        with self._lock:
+            self._releasing[request_id] = tuple(names)
+            self._release_failures = 0
+            self._next_retry = time.monotonic() + jittered(_RELEASE_RETRY)
+        self._store._heartbeat.poke()
+
+    def _retry_releases(self) -> None:
+        with self._lock:
+            pending = dict(self._releasing)
+        for request_id, names in pending.items():
+            try:
+                self._backend.release(self.id, request_id, names)
+            except Exception as exc:
+                log.debug("release of %s by %r not confirmed yet: %s", names, self, exc)
+                continue
+            log.info("release of %s by %r confirmed after a failure", list(names), self)
+            with self._lock:
+                self._releasing.pop(request_id, None)
+        with self._lock:
+            self._release_failures += 1
+            backoff = min(_RELEASE_RETRY * 2**self._release_failures, self._interval)
+            self._next_retry = time.monotonic() + jittered(backoff) if self._releasing else math.inf
+
+    @property
+    def releasing(self) -> int:
+        """How many releases are still being retried in the background (their locks may
+        still count as held in the database until confirmed)."""
+        with self._lock:
+            return len(self._releasing)
 
     def _check(self, stamp: Stamp) -> None:
         with self._lock:
@@ -415,22 +691,56 @@ class Session:
     @property
     def lost(self) -> bool:
         """Whether this session has lost its locks (it cannot take new ones either)."""
+        self._store._check_process()
         self._expire_lease()
         return self._lost is not None
 
     @property
     def held(self) -> list[Stamp]:
         """The stamps this session holds, as far as it knows."""
+        self._store._check_process()
         with self._lock:
             return list(self._held.values())
 
+    @property
+    def expires_at(self) -> float:
+        """When (seconds since the epoch, this host's clock) the lease runs out.
+
+        The lease is what keeps every lock of the session alive: unless a
+        heartbeat is confirmed before this moment, the locks may pass to
+        someone else from then on (the session reports itself lost). Each
+        confirmed heartbeat, every TTL/3, moves it to about TTL - TTL/10 after
+        the heartbeat was sent; `renew` moves it now.
+        """
+        return time.time() + (self._lease_deadline - time.monotonic())
+
+    def renew(self) -> float:
+        """Send a heartbeat now, and return the new `expires_at`.
+
+        The session is the unit of liveness, so this renews every lock it
+        holds. `LockLost` if the database no longer counts the session as
+        live; `StoreError` if the database cannot be reached (the lease
+        then runs on to its old deadline, and the heartbeat thread keeps trying).
+        """
+        self._raise_if_unusable()
+        self._renew_lease()
+        return self.expires_at
+
     def close(self) -> None:
-        """Release everything this session holds or waits for, and end it."""
+        """Release everything this session holds or waits for, and end it.
+
+        In a forked child the session is its parent's: closing it there
+        only stops this process from using it.
+        """
+        if self._store._inherited:
+            self._closed = True
+            return
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             self._held.clear()
+            self._releasing.clear()  # the session's rows all go below
         self._store._forget(self)
         if self._lost is not None:
             self._report_loss()  # on_lost fires even if the heartbeat thread had no time to
@@ -449,6 +759,7 @@ class Session:
     # -- liveness -------------------------------------------------------------------
 
     def _raise_if_unusable(self) -> None:
+        self._store._check_process()
         if self._closed:
             raise LockUsageError(f"{self!r} is closed: open a new session")
         self._expire_lease()
@@ -462,43 +773,92 @@ class Session:
     def _lose(self, reason: str) -> LockLost:
         """Mark the session lost; the heartbeat thread reports it (on_lost) right away."""
         with self._lock:
-            if self._lost is None:
+            first = self._lost is None
+            if first:
                 self._lost = LockLost(reason)
                 self._next_beat = -math.inf
             lost = self._lost
+            held = [g for stamp in self._held.values() for g in stamp.locks]
+        if first and hooks.active():
+            for g in held:
+                hooks.emit("lost", g.name, g.mode.word)
         self._store._heartbeat.poke()
         return LockLost(f"{self!r} has lost its locks ({lost})")
 
     @property
     def next_beat(self) -> float:
-        return self._next_beat
+        return min(self._next_beat, self._next_retry)
 
     def beat(self) -> None:
-        """Called by the heartbeat thread: one heartbeat, or the report of a loss."""
+        """Called by the heartbeat thread: a heartbeat, or the report of a loss, when due;
+        then the releases to retry, when due."""
         if self._closed:
-            self._next_beat = math.inf
+            self._next_beat = self._next_retry = math.inf
             return
+        self._release_queued()
+        if time.monotonic() >= self._next_beat:
+            self._heartbeat()
+        if time.monotonic() >= self._next_retry:
+            if self._lost is None:
+                self._retry_releases()
+            else:  # its rows no longer count: nothing left to release
+                with self._lock:
+                    self._releasing.clear()
+                    self._next_retry = math.inf
+
+    def _heartbeat(self) -> None:
         t0 = time.monotonic()
         self._expire_lease()
         if self._lost is None:
             try:
-                rows = self._backend.query(queries.HEARTBEAT, {"session": self.id}, write=True)
+                self._renew_lease()
+            except LockLost:
+                pass  # reported below
             except Exception as exc:  # the lease deadline decides when this becomes a loss
                 log.warning("heartbeat of %r failed, retrying: %s", self, exc)
-                self._next_beat = t0 + self._interval / 2
+                self._next_beat = t0 + jittered(self._interval / 2)
                 return
-            if not rows:
-                self._lose("the database says the session expired (its heartbeat was late)")
-            elif self._backend.relaxed and rows[0]["started"] != self._started:
-                self._lose(
-                    "the database restarted, and with relaxed durability it may have "
-                    "forgotten grants and releases made just before"
-                )
             else:
-                self._lease_deadline = t0 + self.ttl - self._margin
-                self._next_beat = t0 + self._interval
                 return
         self._report_loss()
+
+    def _renew_lease(self) -> None:
+        """One heartbeat: move the lease deadline on, or raise `LockLost` and mark the loss."""
+        t0 = time.monotonic()
+        rows = self._backend.query(queries.HEARTBEAT, {"session": self.id}, write=True)
+        if not rows:
+            raise self._lose("the database says the session expired (its heartbeat was late)")
+        if self._backend.relaxed and rows[0]["started"] != self._started:
+            raise self._lose(
+                "the database restarted, and with relaxed durability it may have "
+                "forgotten grants and releases made just before"
+            )
+        with self._lock:
+            if self._lost is None:  # a beat of a session lost meanwhile proves nothing
+                self._lease_deadline = max(self._lease_deadline, t0 + self.ttl - self._margin)
+                self._next_beat = 0.0 if self._release_queue else t0 + self._interval
+
+    def _release_later(self, stamp: Stamp) -> None:
+        """Have the heartbeat thread release ``stamp`` (at its next beat, brought forward).
+
+        For a finalizer: it may run in any thread, in the middle of anything,
+        so it takes no lock and sends nothing itself.
+        """
+        if self._store._inherited or self._closed:
+            return  # a forked child's copy, or already released with the session
+        self._release_queue.append(stamp)
+        self._next_beat = 0.0
+        self._store._heartbeat.poke()
+
+    def _release_queued(self) -> None:
+        while self._release_queue:
+            stamp = self._release_queue.popleft()
+            try:
+                self.release(stamp)
+            except NotHeld:
+                pass  # released meanwhile, or with the session
+            except Exception as exc:  # lost, or the database is unreachable: the TTL frees it
+                log.warning("releasing dropped %r failed: %s", stamp, exc)
 
     def _report_loss(self) -> None:
         with self._lock:
@@ -517,6 +877,27 @@ class Session:
                 log.exception("on_lost callback of %r raised", self)
 
 
+@contextmanager
+def _reporting(want: Want) -> Iterator[None]:
+    """Tell `lockwarden.hooks` how a lock call ended: granted, timed out or refused."""
+    if not hooks.active():
+        yield
+        return
+    since = time.monotonic()
+    try:
+        yield
+    except LockTimeout:
+        for name, mode in want.items:
+            hooks.emit("timed_out", name, mode.word, time.monotonic() - since)
+        raise
+    except Deadlock:
+        for name, mode in want.items:
+            hooks.emit("deadlock", name, mode.word)
+        raise
+    for name, mode in want.items:
+        hooks.emit("acquired", name, mode.word, time.monotonic() - since)
+
+
 @dataclass(frozen=True)
 class Granted:
     """One lock of a stamp."""
@@ -524,11 +905,11 @@ class Granted:
     name: str
     mode: Mode
     token: int
-    """The fencing token: larger than every earlier grant of this name (D7)."""
+    """The fencing token: larger than every earlier grant of this name."""
 
 
 class Stamp:
-    """A set of locks granted together, released together (D6).
+    """A set of locks granted together, released together.
 
     ``id`` is random and unguessable; a stamp only releases through the
     session that took it.
@@ -538,6 +919,7 @@ class Stamp:
         self.session = session
         self.id = id
         self.locks = locks
+        self._granted = time.monotonic()  # for the hold time `lockwarden.hooks` reports
 
     @property
     def tokens(self) -> dict[str, int]:
@@ -546,6 +928,59 @@ class Stamp:
     def check(self) -> None:
         """Ask the database whether every lock of the stamp is still ours; `LockLost` if not."""
         self.session._check(self)
+
+    def owned(self) -> bool:
+        """Ask the database whether every lock of the stamp is still ours (`check` as a bool)."""
+        try:
+            self.check()
+        except (LockLost, NotHeld):
+            return False
+        return True
+
+    def extend(self) -> float:
+        """Renew the lease that keeps these locks alive, and confirm they are still ours.
+
+        A lock has no deadline of its own: its session's lease keeps it (and
+        every other lock of the session) alive. So this is an immediate
+        heartbeat of the session (`Session.renew`) followed by `check`. It
+        returns the new `expires_at`. `LockLost` if the session was lost or
+        the locks were broken or taken over; `NotHeld` once released.
+        """
+        self.session.renew()
+        self.check()
+        return self.session.expires_at
+
+    @property
+    def expires_at(self) -> float | None:
+        """The session's lease deadline (`Session.expires_at`) while this stamp is held, else None.
+
+        The same on every backend: the locks are safe to rely on until then;
+        the heartbeat moves it on every TTL/3, `extend` at once.
+        """
+        session = self.session
+        if session.lost or self not in session.held:
+            return None
+        return session.expires_at
+
+    def _fence_claim(self, resource: str) -> tuple[str, str, int]:
+        """What a fence checks for this stamp's lock guarding ``resource`` (`Fence`): the
+        lock named ``resource``, or the stamp's only lock. `LockLost` at once if this
+        session knows the lock is gone."""
+        mine = [g for g in self.locks if g.name == resource] or (
+            list(self.locks) if len(self.locks) == 1 else []
+        )
+        if not mine:
+            raise LockUsageError(
+                f"{self!r} holds several locks, none named {resource!r}: give the fence "
+                "the token of the lock that guards it"
+            )
+        with self.session._lock:
+            held = self.session._held.get(self.id) is self
+        if not held:
+            raise NotHeld(f"{self!r} is not held (released): it cannot use fence {resource!r}")
+        if self.session.lost:
+            raise self.session._lost_error(self, f", so fence {resource!r} refused it")
+        return self.session.id, self.id, mine[0].token
 
     def release(self) -> None:
         self.session.release(self)
@@ -581,51 +1016,96 @@ class HeldLock(Stamp):
     def token(self) -> int:
         return self.locks[0].token
 
+    def locked(self) -> bool:
+        """Whether anyone (this holder included, while it holds it) holds the name (one query)."""
+        return _locked(self.session, self.name)
+
+
+def _locked(session: Session, name: str) -> bool:
+    return any(not e.stale for e in session._store.locks(name))
+
 
 class SharedLock:
     """A lock that behaves like `threading.Lock`, shared through the store.
 
-    Not reentrant: acquiring it again while this object holds it is an error
-    (a `threading.Lock` would deadlock). ``locked()`` is true while this
-    object or anyone else holds the name.
+    Threads of this process share one object as they would a
+    `threading.Lock`: while it is held, another thread's ``acquire(False)``
+    returns False and a blocking ``acquire()`` waits (with ``timeout``, up to
+    that long). Any thread may release it. Like `threading.Lock` it is not
+    reentrant: acquiring it again from the thread that holds it waits for a
+    release. Threads queue on a local lock first, so one object takes the
+    name in the store at most once. An object dropped while held is released
+    by the heartbeat thread once it is garbage-collected.
     """
 
     def __init__(self, session: Session, name: str, mode: Mode | str = "write") -> None:
         self._session = session
         self.name = validate.name(name)
         self.mode = validate.mode(mode)
-        self._held: HeldLock | None = None
+        self._gate = threading.Lock()
+        """Held while this object holds the name: threads of this process queue on it."""
         self._lock = threading.Lock()
+        self._held: HeldLock | None = None
+        self._finalizer: weakref.finalize[[Stamp], SharedLock] | None = None
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Take the lock: True once held, False if it was busy (``blocking=False``) or the
+        ``timeout`` (seconds; -1: no limit) ran out. Other failures raise as in `Session.lock`."""
         if not blocking and timeout != -1:
             raise LockUsageError("can't specify a timeout for a non-blocking call")
-        if blocking and timeout != -1 and (not isinstance(timeout, int | float) or timeout < 0):
-            raise LockUsageError(f"timeout must be -1 (no limit) or >= 0, got {timeout!r}")
-        wait = 0 if not blocking else None if timeout == -1 else timeout
-        with self._lock:
-            if self._held is not None:
-                raise LockUsageError(f"this Lock already holds {self.name!r}; it is not reentrant")
-        try:
-            held = self._session.lock(self.name, self.mode, timeout=wait)
-        except LockTimeout:
+        wait = 0.0 if not blocking else None if timeout == -1 else validate.timeout(timeout)
+        deadline = None if wait is None else time.monotonic() + wait
+        if not self._gate.acquire(timeout=-1 if wait is None else min(wait, threading.TIMEOUT_MAX)):
             return False
+        try:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            held = self._session.lock(self.name, self.mode, timeout=left)
+        except LockTimeout:
+            self._gate.release()
+            return False
+        except BaseException:
+            self._gate.release()
+            raise
+        finalizer = weakref.finalize(self, self._session._release_later, held)
+        finalizer.atexit = False  # at exit the store's close releases it
         with self._lock:
-            self._held = held
+            self._held, self._finalizer = held, finalizer
         return True
 
     def release(self) -> None:
+        """Release the lock (from any thread); `NotHeld` if it is not held."""
         with self._lock:
             held, self._held = self._held, None
-        if held is None:
+            finalizer, self._finalizer = self._finalizer, None
+        if held is None or finalizer is None:
             raise NotHeld(f"release of {self.name!r}, which this Lock does not hold")
-        held.release()
+        finalizer.detach()
+        try:
+            held.release()
+        finally:
+            self._gate.release()
 
     def locked(self) -> bool:
-        with self._lock:
-            if self._held is not None:
-                return True
-        return any(not e.stale for e in self._session._store.locks(self.name))
+        """Whether this object, or anyone else, holds the name."""
+        return self._gate.locked() or _locked(self._session, self.name)
+
+    def owned(self) -> bool:
+        """Whether this object holds the name, as the database confirms (`Stamp.owned`)."""
+        held = self._held
+        return held is not None and held.owned()
+
+    def extend(self) -> float:
+        """Renew the lease while held (`Stamp.extend`); `NotHeld` if not held."""
+        held = self._held
+        if held is None:
+            raise NotHeld(f"extend of {self.name!r}, which this Lock does not hold")
+        return held.extend()
+
+    @property
+    def expires_at(self) -> float | None:
+        """The lease deadline while held (`Stamp.expires_at`), else None."""
+        held = self._held
+        return None if held is None else held.expires_at
 
     @property
     def token(self) -> int | None:
@@ -646,37 +1126,99 @@ class SharedLock:
 
 def connect(
     url: str,
-    max_hold: float | None = 600.0,
+    max_hold: float | None = None,
     *,
     on_stale: str = "reclaim",
     lock_delay: float = 0.0,
     durability: str = "durable",
+    create: bool = True,
 ) -> Store:
-    """Open the lock store at ``url``, creating or upgrading its tables (D1).
+    """Open the lock store at ``url``, creating or upgrading its tables.
 
-    ``url``: ``sqlite:///relative.db``, ``sqlite:////abs/path.db`` or
-    ``postgresql://user@host:port/db?schema=NAME`` (default schema
-    "lockwarden"; other parameters, such as ``application_name``, go to libpq).
-    ``max_hold``: waiters fail with `HeldTooLong` behind a
-    lock held longer (None: no limit). ``on_stale``: the default policy for
-    a dead holder's lock, "reclaim" or "refuse". ``lock_delay``: seconds a
-    reclaimed lock is withheld from its new holder. ``durability``:
+    ``url``: a file path (``/var/lib/app/locks.db``, ``./locks.db``) or
+    ``sqlite:///relative.db`` / ``sqlite:////abs/path.db`` for SQLite (made
+    absolute, and shown so); for PostgreSQL any connection string libpq
+    takes — ``postgresql://user@host:port/db?schema=NAME``,
+    ``postgresql:///db?host=/var/run/postgresql`` (a Unix socket), or
+    ``host=... dbname=...`` — with the ``PG*`` environment and ``~/.pgpass``
+    filling in what it leaves out; ``schema`` (default "lockwarden", URL form
+    only) is lockwarden's own, every other parameter goes to libpq.
+    ``etcd://host:port[,host:port...][/prefix]`` (default prefix "lockwarden") is an
+    etcd cluster;
+    ``mysql://user[:password]@host[:port]/db`` (also ``mariadb://``; options
+    ``unix_socket``, ``ssl``, ``ssl_ca``, ``ssl_cert``, ``ssl_key``, ``connect_timeout``)
+    a MySQL or MariaDB database.
+    ``max_hold``: seconds; waiters fail with `HeldTooLong` behind a
+    lock held longer (default None: no limit, as in the command line: a
+    waiter without a timeout waits as long as the holder lives).
+    ``on_stale``: the default policy for a dead holder's lock, "reclaim" or
+    "refuse". ``lock_delay``: seconds a reclaimed lock is withheld from its
+    new holder. ``durability``:
     "durable", or "relaxed" (PostgreSQL only: lock transactions do not wait
     for the disk; see the design note for what a database crash then costs).
+    ``create=False``: a database without a lock store raises `StoreError`
+    instead of getting one (an existing store is still upgraded).
     """
-    parsed = parse_url(url)
     hold = validate.max_hold(max_hold)
     validate.on_stale(on_stale)
     delay = validate.duration(lock_delay, "lock_delay")
+    backend = _backend(url, durability, "create" if create else "existing")
+    return Store(backend, max_hold=hold, on_stale=on_stale, lock_delay=delay)
+
+
+def check_schema(url: str) -> schema.Plan:
+    """What `connect` would do to the store's tables at ``url``, changing nothing."""
+    try:
+        backend = _backend(url, "durable", "inspect")
+    except NoStore as exc:
+        if exc.plan is None:
+            raise
+        return exc.plan
+    backend.close()
+    if not isinstance(backend, SQLBackend):
+        raise LockUsageError(f"{backend.url.display} has no schema: its keys need no creating")
+    return backend.plan
+
+
+def _backend(url: str, durability: str, opening: Opening) -> Backend:
+    parsed = parse_url(url)
     if durability not in ("durable", "relaxed"):
         raise LockUsageError(f"durability must be 'durable' or 'relaxed', got {durability!r}")
-    backend: Backend
-    if parsed.backend == "sqlite":
-        if durability == "relaxed":
-            raise LockUsageError(
-                "relaxed durability is for PostgreSQL only: a SQLite grant is cheap to make durable"
-            )
-        backend = SQLiteBackend(parsed)
-    else:
-        backend = PostgresBackend(parsed, relaxed=durability == "relaxed")
-    return Store(backend, max_hold=hold, on_stale=on_stale, lock_delay=delay)
+    if durability == "relaxed" and parsed.backend != "postgresql":
+        raise LockUsageError(
+            "relaxed durability is for PostgreSQL only: a grant on "
+            f"{parsed.backend} is durable at no extra cost"
+        )
+    return _BACKENDS[parsed.backend](parsed, durability == "relaxed", opening)
+
+
+def _postgres(url: StoreURL, relaxed: bool, opening: Opening) -> Backend:
+    from lockwarden.store.postgres import PostgresBackend  # noqa: PLC0415  (SQLite users skip it)
+
+    return PostgresBackend(url, relaxed=relaxed, opening=opening)
+
+
+def _mysql(url: StoreURL, relaxed: bool, opening: Opening) -> Backend:
+    from lockwarden.store.mysql import MySQLBackend  # noqa: PLC0415  (its users alone pay)
+
+    return MySQLBackend(url, opening=opening)
+
+
+def _etcd(url: StoreURL, relaxed: bool, opening: Opening) -> Backend:
+    try:  # an optional extra: only etcd users install its client
+        from lockwarden.store.etcd import EtcdBackend  # noqa: PLC0415
+    except ImportError as exc:
+        raise LockUsageError(
+            f"{url.display} needs the etcd client: pip install 'lockwarden[etcd]' ({exc})"
+        ) from None
+    return EtcdBackend(url)
+
+
+_BACKENDS: dict[str, Callable[[StoreURL, bool, Opening], Backend]] = {
+    "sqlite": lambda url, relaxed, opening: SQLiteBackend(url, opening=opening),
+    "postgresql": _postgres,
+    "etcd": _etcd,
+    "mysql": _mysql,
+}
+"""Each URL scheme's backend, given the parsed URL, whether durability is relaxed, and
+how to treat the store's tables (`SQLBackend._migrate`; an etcd store has none)."""

@@ -7,25 +7,45 @@ statements the PL/pgSQL function runs. The file is in WAL mode with
 ``synchronous=FULL``: a grant is on disk before the caller learns of it.
 
 Wake-ups: a change made through this store wakes its waiters at once; a
-change made by another process is seen by a poller that reads ``PRAGMA
+release in another process pokes the inbox of the granted waiter's store
+(a datagram socket named by the tag its session ids end with); anything
+else made by another process is seen by a poller that reads ``PRAGMA
 data_version`` (which moves whenever another connection commits) every few
 milliseconds, backing off to 50 ms, and only while someone waits.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import secrets
+import select
+import socket
 import sqlite3
+import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext, suppress
 from typing import Any, TypeVar
 
 from lockwarden.errors import StoreError
 from lockwarden.store import queries
-from lockwarden.store.backend import AcquireRequest, Attempt, Backend, Params, Pool, Row, Run
+from lockwarden.store.attempt import Engine, attempt
+from lockwarden.store.backend import (
+    AcquireRequest,
+    Attempt,
+    Opening,
+    Params,
+    Pool,
+    Row,
+    Run,
+    SQLBackend,
+)
+from lockwarden.store.plpgsql import TAG_LENGTH
 from lockwarden.store.url import StoreURL
+from lockwarden.store.wakeups import Tokens
 
 T = TypeVar("T")
 
@@ -35,10 +55,42 @@ BUSY_TIMEOUT = 10.0
 POLL_MIN, POLL_MAX = 0.002, 0.05
 """The cross-process poll interval: short after a change, doubling to the maximum while idle."""
 
-_RESERVE_TOKENS = (
-    "UPDATE lw_meta SET value = value + :n WHERE key = 'token' RETURNING value - :n + 1 AS first"
+_STEPS = {
+    1: ["INSERT INTO lw_meta (key, value) VALUES ('token', 0), ('seq', 0)"],
+    # A grant takes its token from the counter (`queries.SQLITE`), and this moves the
+    # counter up to it in the same statement: an uncontended acquire is one INSERT. A
+    # token is the counter plus its row number, the counter never goes down, so tokens
+    # strictly increase, whether SQLite reads the counter once per statement or per row.
+    5: [
+        "CREATE TRIGGER IF NOT EXISTS lw_holders_token AFTER INSERT ON lw_holders BEGIN"
+        " UPDATE lw_meta SET value = NEW.token WHERE key = 'token' AND value < NEW.token;"
+        " END"
+    ],
+}
+
+_TAKE_IDLE = queries.SQLITE.render(queries.TAKE_IDLE)
+
+_RELEASE = (
+    queries.RELEASE.rstrip()
+    + ", EXISTS (SELECT 1 FROM lw_waiters AS w WHERE w.name = lw_holders.name) AS queued"
 )
-_NEXT_SEQ = "UPDATE lw_meta SET value = value + 1 WHERE key = 'seq' RETURNING value"
+"""`queries.RELEASE`, saying also whether anyone waits for each name: a release nobody
+waits for is one statement."""
+
+_RESERVE = (
+    "UPDATE lw_meta SET value = value + :n WHERE key = :key RETURNING value - :n + 1 AS first"
+)
+_HAS_META = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'lw_meta'"
+
+
+def _reserve(run: Run, counter: str, n: int) -> int:
+    if counter == "token":  # read from the counter by the insert itself (`_STEPS`)
+        return 0
+    first: int = run(_RESERVE, {"key": counter, "n": n})[0]["first"]
+    return first
+
+
+_ENGINE = Engine(reserve=_reserve)
 
 
 class _FairLock:
@@ -73,22 +125,95 @@ class _FairLock:
                 self._held = False
 
 
+class _Writer:
+    """The right to write, across the processes of a store: a `_FairLock` inside this
+    process, then an exclusive ``flock`` on a file beside the database.
+
+    SQLite's own busy handler sleeps 1, 2, 5 ... 100 ms between tries, so a process
+    whose write transactions follow each other closely (release, then lock again)
+    kept the write lock, and the others could not even queue: four processes looping
+    on one lock got 3-77 % of the grants. A process blocked in ``flock`` is woken by
+    the kernel the moment the lock is free. The cost: a writer paused inside its
+    transaction holds the others until it resumes (SQLite's busy handler would fail
+    them after `BUSY_TIMEOUT`); a process that dies lets go at once.
+    """
+
+    def __init__(self, database: str) -> None:
+        self._fair = _FairLock()
+        self._fd = os.open(database + "-writer", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def __enter__(self) -> None:
+        self._fair.__enter__()
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._fair.__exit__()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._fair.__exit__()
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _bind(key: str, value: object) -> object:
+    """Lists travel as JSON text, read by json_each; a request's modes as one letter per
+    name, read by position (`queries.SQLITE`: two json_each tables cannot be joined fast)."""
+    if not isinstance(value, list | tuple):
+        return value
+    return "".join(value) if key == "modes" else json.dumps(value)
+
+
+def _create_private(url: StoreURL) -> None:
+    """Create the store's file, if missing, readable and writable by its owner only.
+
+    Fence values are application data, and the tables say who runs what where.
+    SQLite gives the -wal and -shm files the database file's mode. To share a
+    store between users, create the file beforehand with the mode wanted.
+    """
+    try:
+        os.close(os.open(url.target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise StoreError(
+            f"lock store {url.display}: unable to open database file ({exc.strerror})"
+        ) from None
+
+
 def _dict_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> Row:
     return {column[0]: value for column, value in zip(cursor.description, row, strict=True)}
 
 
-class SQLiteBackend(Backend):
+class SQLiteBackend(SQLBackend):
     dialect = queries.SQLITE
 
-    def __init__(self, url: StoreURL) -> None:
+    def __init__(self, url: StoreURL, *, opening: Opening = "create") -> None:
         super().__init__(url)
+        if opening != "create" and not os.path.isfile(url.target):
+            # Before anything is opened: that would create the file and its lock file.
+            raise self._no_store(_STEPS)
         self._pool: Pool[sqlite3.Connection] = Pool(self._connect, sqlite3.Connection.close)
-        self._writing = _FairLock()
+        if opening == "create":
+            _create_private(url)
+        self._run(lambda conn: None)  # SQLite says first if the database cannot be opened
+        try:
+            self._writing = _Writer(url.target)
+        except OSError as exc:
+            raise StoreError(f"lock store {url.display}: {exc}") from exc
         self._closed = threading.Event()
-        self._kick = threading.Event()
+        self._tag = secrets.token_hex(TAG_LENGTH // 2)
+        self._kicks = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        for end in self._kicks:
+            end.setblocking(False)
+        self._inbox: socket.socket | None = None
+        self._outbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._outbox.setblocking(False)
         self._poller: threading.Thread | None = None
         self._poller_lock = threading.Lock()
-        self._migrate((), {1: ["INSERT INTO lw_meta (key, value) VALUES ('token', 0), ('seq', 0)"]})
+        self._migrate((), _STEPS, opening)
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
@@ -98,6 +223,9 @@ class SQLiteBackend(Backend):
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = FULL")
         return conn
+
+    def _has_store(self) -> bool:
+        return bool(self.query(_HAS_META))  # the file exists: checked before opening it
 
     # -- running statements ----------------------------------------------------------
 
@@ -110,11 +238,7 @@ class SQLiteBackend(Backend):
 
     def _execute(self, conn: sqlite3.Connection, sql: str, params: Params | None) -> list[Row]:
         self.stats.add("statements")
-        # Lists (a request's names and modes) travel as JSON text, read by json_each.
-        bound = {
-            k: json.dumps(v) if isinstance(v, list | tuple) else v
-            for k, v in (params or {}).items()
-        }
+        bound = {k: _bind(k, v) for k, v in (params or {}).items()}
         return conn.execute(self.dialect.render(sql), bound).fetchall()
 
     def _in_transaction(self, work: Callable[[Run], T], *, write: bool = True) -> T:
@@ -138,6 +262,18 @@ class SQLiteBackend(Backend):
 
         return self._run(run_in)
 
+    def _write_one(self, sql: str, params: Params) -> list[Row]:
+        """One rendered statement that writes, as its own transaction. It takes the write
+        lock before it reads (as ``BEGIN IMMEDIATE`` does: with `_Writer` held no other
+        writer can come between), so its reads and its write see one state."""
+
+        def work(conn: sqlite3.Connection) -> list[Row]:
+            with self._writing:
+                return conn.execute(sql, params).fetchall()
+
+        self.stats.add("statements")
+        return self._run(work)
+
     def query(self, sql: str, params: Params | None = None, *, write: bool = False) -> list[Row]:
         if write:
             return self._in_transaction(lambda run: run(sql, params))
@@ -154,52 +290,97 @@ class SQLiteBackend(Backend):
 
     def acquire(self, request: AcquireRequest) -> Attempt:
         self.stats.add("attempts")
+        if len(request.names) == 1 and not request.queued:
+            # A free name is granted by one statement (`queries.TAKE_IDLE`); if it
+            # inserts nothing, the full algorithm decides.
+            name = request.names[0]
+            params = {
+                "session": request.session_id,
+                "request": request.request_id,
+                "name": name,
+                "mode": request.modes[0],
+            }
+            if taken := self._write_one(_TAKE_IDLE, params):
+                return Attempt("granted", {name: taken[0]["token"]})
         woken: set[str] = set()
-        attempt = None
+        found = None
         if request.queued:
             # A waiter looking again mostly finds itself still blocked: learn
             # that without queueing for the write lock, which only changes need.
-            attempt = self._in_transaction(
-                lambda run: _acquire(run, request, woken, write=False), write=False
+            found = self._in_transaction(
+                lambda run: attempt(run, request, woken, _ENGINE, write=False), write=False
             )
-        if attempt is None:
-            attempt = self._in_transaction(lambda run: _acquire(run, request, woken, write=True))
-            assert attempt is not None  # allowed to write, every path ends in an Attempt
+        if found is None:
+            found = self._in_transaction(lambda run: attempt(run, request, woken, _ENGINE))
+            assert found is not None  # allowed to write, every path ends in an Attempt
         self.wakeups.wake(woken)
-        return attempt
+        return found
 
     def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
         params = {"session": session_id, "request": request_id, "names": names}
 
-        def work(run: Run) -> int:
-            deleted = len(run(queries.RELEASE, params))
-            run(queries.DEQUEUE, params)
-            return deleted
+        def work(run: Run) -> tuple[int, list[tuple[str, str, Tokens | None]]]:
+            gone = run(_RELEASE, params)
+            if len(gone) < len(names):
+                # An abandon (or a stamp that lost a lock). A request holding all its
+                # names has no queue entries: every grant removes them.
+                run(queries.DEQUEUE, params)
+            elif not any(row["queued"] for row in gone):
+                return len(gone), []  # nobody to let in
+            return len(gone), _grant(run, names)
 
-        deleted = self._in_transaction(work)
-        self.wakeups.wake(names)
+        deleted, told = self._in_transaction(work)
+        self._poke(told)  # after the commit: a woken waiter holds its grant
         return deleted
 
     # -- wake-ups from other processes -----------------------------------------------
 
+    def new_session_id(self) -> str:
+        """Random, and ending with this store's tag: a release pokes the inbox of the
+        waiter's own store (`_inbox_address`)."""
+        return secrets.token_hex(16) + self._tag
+
+    def _poke(self, told: list[tuple[str, str, Tokens | None]]) -> None:
+        """Tell each request what a release did: here directly, in another process
+        through its store's inbox. A poke that cannot be sent (the process is gone,
+        or its inbox full) is left to that process's poller."""
+        for request, session, tokens in told:
+            if session.endswith(self._tag):
+                self.wakeups.address(request, tokens)
+                continue
+            address = _inbox_address(session[-TAG_LENGTH:])
+            if address is None:
+                continue
+            message = f"{request} {tokens[0]}" if tokens else request
+            with suppress(OSError):
+                self._outbox.sendto(message.encode(), address)
+
     def _watch(self) -> None:
         with self._poller_lock:
             if self._poller is None:
+                self._inbox = _open_inbox(self._tag)
                 self._poller = threading.Thread(
                     target=self._poll, name="lockwarden-sqlite-poll", daemon=True
                 )
                 self._poller.start()
-        self._kick.set()  # someone starts waiting: poll briskly again
+        self._kick()  # someone starts waiting: poll briskly again
+
+    def _kick(self) -> None:
+        with suppress(OSError):  # full: a kick is pending anyway
+            self._kicks[1].send(b"")
 
     def _poll(self) -> None:
         conn: sqlite3.Connection | None = None
         version = None
         interval = POLL_MIN
+        sources = [self._kicks[0], *([self._inbox] if self._inbox is not None else [])]
         while not self._closed.is_set():
-            kicked = self._kick.wait(interval if self.wakeups.waiting else None)
-            self._kick.clear()
-            if kicked:
+            ready, _, _ = select.select(sources, [], [], interval if self.wakeups.waiting else None)
+            if self._kicks[0] in ready:
                 interval = POLL_MIN
+            for message in _drain(ready):
+                if message:  # a poke from a release (`_poke`); empty: a kick
+                    self.wakeups.deliver(message.decode(errors="replace"))
             if self._closed.is_set() or not self.wakeups.waiting:
                 continue
             try:
@@ -219,72 +400,83 @@ class SQLiteBackend(Backend):
 
     def close(self) -> None:
         self._closed.set()
-        self._kick.set()
+        self._kick()
         if self._poller is not None:
             self._poller.join(timeout=1.0)
         self._pool.close()
+        self._writing.close()
+        for sock in (*self._kicks, self._outbox, self._inbox):
+            if sock is not None:
+                sock.close()
 
 
-def _acquire(run: Run, request: AcquireRequest, woken: set[str], *, write: bool) -> Attempt | None:
-    """One attempt (design note, "Acquire"); `plpgsql` holds the same steps for PostgreSQL.
+def _inbox_address(tag: str) -> bytes | None:
+    """Where a store tagged ``tag`` receives pokes: a datagram socket in Linux's abstract
+    namespace (no file to create or clean up; gone with its process). None elsewhere:
+    there waiters of other processes rely on the poller alone."""
+    return b"\0lockwarden-" + tag.encode() if sys.platform == "linux" else None
 
-    Without ``write``, returns None as soon as the attempt would change anything.
-    """
-    params: dict[str, object] = {
-        "session": request.session_id,
-        "request": request.request_id,
-        "names": request.names,
-        "modes": request.modes,
-        "refuse": request.refuse,
-        "wait": request.wait,
-    }
-    state = run(queries.ACQUIRE_STATE, params)[0]
-    if state["granted"]:  # a retry of a request whose first attempt committed
-        return Attempt("granted", _tokens(run(queries.GRANTED, params)))
-    if not state["live"]:
-        return Attempt("lost")
-    params["seq"] = state["seq"]
 
-    reclaimed = False
-    rows: list[Row] = []
-    while not state["idle"]:
-        rows = [
-            row
-            for name, mode in zip(request.names, request.modes, strict=True)
-            for row in run(queries.IN_THE_WAY, params | {"name": name, "mode": mode})
-        ]
-        if request.refuse or not any(r["kind"] == "holder" and not r["live"] for r in rows):
-            break
-        if not write:
-            return None
-        run(queries.RECLAIM_EXPIRE, params)
-        if gone := run(queries.RECLAIM_DELETE, params):
-            reclaimed = True
-            woken.update(row["name"] for row in gone)
-
-    if not write and (not rows or (request.enqueue and params["seq"] is None)):
+def _open_inbox(tag: str) -> socket.socket | None:
+    address = _inbox_address(tag)
+    if address is None:
         return None
-    if not rows:
-        first = run(_RESERVE_TOKENS, {"n": len(request.names)})[0]["first"]
-        tokens = _tokens(run(queries.INSERT_HOLDERS, params | {"first_token": first}))
-        if state["seq"] is not None:
-            run(queries.DEQUEUE, params)
-        return Attempt("granted", tokens, reclaimed=reclaimed)
-
-    if request.enqueue:
-        if params["seq"] is None:
-            params["seq"] = run(_NEXT_SEQ)[0]["value"]
-            run(queries.INSERT_WAITERS, params)
-        if run(queries.HOLDS_ANY, params)[0]["holds"]:
-            edges = run(queries.DEADLOCK_EDGES, params)
-            if edges:
-                if not write:
-                    return None
-                run(queries.DEQUEUE, params)
-                woken.update(request.names)
-                return Attempt("deadlock", edges=tuple((e["src"], e["dst"]) for e in edges))
-    return Attempt("blocked", reclaimed=reclaimed, rows=tuple(rows))
+    inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        inbox.bind(address)
+    except OSError:
+        inbox.close()
+        return None  # the poller serves alone
+    inbox.setblocking(False)
+    return inbox
 
 
-def _tokens(rows: list[Row]) -> dict[str, int]:
-    return {row["name"]: row["token"] for row in rows}
+def _drain(ready: list[socket.socket]) -> Iterator[bytes]:
+    for sock in ready:
+        while True:
+            try:
+                yield sock.recv(256)
+            except BlockingIOError:
+                break
+
+
+def _grant(run: Run, released: Sequence[str]) -> list[tuple[str, str, Tokens | None]]:
+    """Let in whoever the released names now admit, in queue order (design note, "Release").
+
+    The steps of PostgreSQL's ``lw_grant`` (`plpgsql`), with the same statements;
+    SQLite's write lock covers every name, so a multi-lock's other names need no
+    locks of their own. Returns whom to tell after the commit: each granted
+    request (and its session) with its token (one name; None for a multi-lock, whose attempt reads
+    its tokens), and the waiters left on the names whose sessions hold locks,
+    with None (their attempt runs the deadlock check a grant may now complete).
+    """
+    told: list[tuple[str, str, Tokens | None]] = []
+    closed: set[str] = set()
+    candidates = run(queries.GRANT_CANDIDATES, {"names": released})
+    if not candidates:  # nobody who could be let in waits: nobody to tell either
+        return told
+    for candidate in candidates:
+        if closed.issuperset(released):
+            break
+        params: dict[str, object] = {
+            "session": candidate["session_id"],
+            "request": candidate["request_id"],
+            "seq": candidate["seq"],
+            "refuse": False,  # a dead holder in the way is for the waiter to judge
+        }
+        items = run(queries.WAITING_ITEMS, params)
+        if closed.intersection(item["name"] for item in items):
+            continue  # behind a waiter blocked there: blocked too
+        blocker = next((item for item in items if run(queries.IN_THE_WAY, params | item)), None)
+        if blocker is not None:
+            if blocker["name"] in released:
+                closed.add(blocker["name"])
+            continue
+        params["names"] = [item["name"] for item in items]
+        params["modes"] = [item["mode"] for item in items]
+        tokens = run(queries.INSERT_HOLDERS, params)
+        run(queries.DEQUEUE, params)
+        one = (tokens[0]["token"],) if len(tokens) == 1 else None
+        told.append((candidate["request_id"], candidate["session_id"], one))
+    held = run(queries.HOLDING_WAITERS, {"names": released})
+    return told + [(row["request_id"], row["session_id"], None) for row in held]

@@ -58,8 +58,35 @@ class WaiterEntry:
 
 
 @dataclass(frozen=True)
+class SessionEntry:
+    """One session: a participant in the store, kept alive by its heartbeat."""
+
+    session_id: str
+    app_id: str
+    host: str
+    pid: int
+    ttl: float
+    """Seconds the session survives without a heartbeat."""
+    age: float
+    """Seconds since the session was opened, by the database clock."""
+    heartbeat_age: float
+    """Seconds since its last heartbeat, by the database clock."""
+    live: bool
+    """Not expired and its heartbeat younger than its TTL: its locks count."""
+
+
+@dataclass(frozen=True)
+class WaitEdge:
+    """Session ``waiter`` waits on ``name`` for session ``blocker`` (holder or waiter ahead)."""
+
+    waiter: str
+    blocker: str
+    name: str
+
+
+@dataclass(frozen=True)
 class Permits:
-    """How many holders each mode of a name admits at once (D4)."""
+    """How many holders each mode of a name admits at once."""
 
     read: int | None
     """None: readers are not limited."""
@@ -73,3 +100,18 @@ class Cleaned:
     sessions: int
     holders: int
     waiters: int
+
+
+@dataclass(frozen=True)
+class AdminAction:
+    """One administrator's override, as `Store.admin_log` returns it."""
+
+    action: str
+    """"release_all", "set_permits", "break_lock" or "reset_fence"."""
+    subject: str
+    """The app id, lock name or fence resource acted on."""
+    detail: str
+    host: str
+    pid: int
+    age: float
+    """Seconds ago, by the database clock."""

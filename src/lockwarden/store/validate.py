@@ -7,33 +7,57 @@ and what would be right; the database has not been touched.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterable
 
 from lockwarden.errors import LockUsageError
 from lockwarden.modes import Mode
 
 MAX_NAME_BYTES = 512
-"""Lock names and fence resources are non-empty text of at most this many UTF-8 bytes (D3)."""
+"""Lock names and fence resources are non-empty text of at most this many UTF-8 bytes."""
 
 ON_STALE = ("reclaim", "refuse")
+
+MAX_WAIT = threading.TIMEOUT_MAX
+"""The longest a thread can wait: every duration (timeout, TTL, max_hold, delay) is
+clamped to it, so that no later wait on it overflows — a waiter behind a holder
+with an absurd TTL included (`waiting`)."""
 
 MAX_INTEGER = 2**63 - 1
 """The largest integer both databases store (BIGINT): permits and fencing tokens stay within."""
 
 
-def name(value: object, what: str = "lock name") -> str:
+def shown(value: object) -> str:
+    """``repr(value)`` for a message, at most 60 characters (an integer too long for
+    ``repr`` included)."""
+    try:
+        text = repr(value)
+    except ValueError:  # more digits than int-to-str conversion allows
+        return f"an integer of {value.bit_length()} bits" if isinstance(value, int) else "?"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def text(value: object, what: str) -> str:
+    """Text both databases store alike: valid Unicode (no lone surrogate), no NUL
+    (PostgreSQL refuses one that SQLite would keep)."""
     if not isinstance(value, str):
-        raise LockUsageError(f"{what} must be a string, got {type(value).__name__} {value!r}")
-    if not value:
-        raise LockUsageError(f"{what} must not be empty")
+        raise LockUsageError(f"{what} must be a string, got {type(value).__name__} {shown(value)}")
     if "\x00" in value:
         raise LockUsageError(
             f"{what} {value[:40]!r} contains a NUL character (no database stores one)"
         )
     try:
-        size = len(value.encode("utf-8"))
+        value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise LockUsageError(f"{what} {value[:40]!r} is not valid Unicode: {exc.reason}") from None
+    return value
+
+
+def name(value: object, what: str = "lock name") -> str:
+    value = text(value, what)
+    if not value:
+        raise LockUsageError(f"{what} must not be empty")
+    size = len(value.encode("utf-8"))
     if size > MAX_NAME_BYTES:
         raise LockUsageError(
             f"{what} {value[:40]!r}... is {size} bytes of UTF-8; the limit is {MAX_NAME_BYTES}"
@@ -42,7 +66,9 @@ def name(value: object, what: str = "lock name") -> str:
 
 
 def mode(value: object) -> Mode:
-    parsed = Mode.parse(value)  # type: ignore[arg-type]  # parse reports anything else
+    if not isinstance(value, Mode | str):
+        raise LockUsageError(f"unknown lock mode {shown(value)}: use 'read' or 'write'")
+    parsed = Mode.parse(value)
     if parsed not in (Mode.S, Mode.X):
         raise LockUsageError(
             f"the shared store has 'read' and 'write' locks (Mode.S and Mode.X), not {parsed.value}"
@@ -51,13 +77,17 @@ def mode(value: object) -> Mode:
 
 
 def duration(value: object, what: str, *, zero: bool = True, hint: str = "") -> float:
-    """A finite number of seconds, >= 0 (> 0 unless ``zero``)."""
+    """A finite number of seconds, >= 0 (> 0 unless ``zero``), at most `MAX_WAIT`.
+
+    An integer beyond float range is compared as an integer, never converted.
+    """
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise LockUsageError(f"{what} must be a number of seconds, got {value!r}{hint}")
-    if math.isnan(value) or math.isinf(value) or value < 0 or (value == 0 and not zero):
+        raise LockUsageError(f"{what} must be a number of seconds, got {shown(value)}{hint}")
+    finite = isinstance(value, int) or math.isfinite(value)
+    if not finite or value < 0 or (value == 0 and not zero):
         wanted = ">= 0" if zero else "> 0"
-        raise LockUsageError(f"{what} must be finite and {wanted}, got {value!r}{hint}")
-    return float(value)
+        raise LockUsageError(f"{what} must be finite and {wanted}, got {shown(value)}{hint}")
+    return MAX_WAIT if value >= MAX_WAIT else float(value)
 
 
 def timeout(value: object) -> float | None:
@@ -74,10 +104,17 @@ def max_hold(value: object) -> float | None:
     return duration(value, "max_hold", zero=False, hint="; use None for no limit")
 
 
+def flag(value: object, what: str) -> bool:
+    """True or False, nothing else: an override must be asked for in so many words."""
+    if not isinstance(value, bool):
+        raise LockUsageError(f"{what} must be True or False, got {shown(value)}")
+    return value
+
+
 def on_stale(value: object) -> bool:
     """Returns whether the policy is "refuse"."""
     if value not in ON_STALE:
-        raise LockUsageError(f"on_stale must be 'reclaim' or 'refuse', got {value!r}")
+        raise LockUsageError(f"on_stale must be 'reclaim' or 'refuse', got {shown(value)}")
     return value == "refuse"
 
 
@@ -87,7 +124,7 @@ def permits(value: object, what: str, *, none: bool) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INTEGER:
         unlimited = " or None for no limit" if none else ""
         raise LockUsageError(
-            f"{what} permits must be an integer from 1 to 2**63 - 1{unlimited}, got {value!r}"
+            f"{what} permits must be an integer from 1 to 2**63 - 1{unlimited}, got {shown(value)}"
         )
     return value
 
@@ -95,18 +132,20 @@ def permits(value: object, what: str, *, none: bool) -> int | None:
 def token(value: object) -> int:
     """A fencing token as a caller hands it to a fence: what a grant gave it, or 0."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INTEGER:
-        raise LockUsageError(f"a fencing token is an integer from 0 to 2**63 - 1, got {value!r}")
+        raise LockUsageError(
+            f"a fencing token is an integer from 0 to 2**63 - 1, got {shown(value)}"
+        )
     return value
 
 
 def items(value: object) -> tuple[tuple[str, Mode], ...]:
     """The (name, mode) pairs of a multi-lock: at least one, each name once."""
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
-        raise LockUsageError(f"expected a list of (name, mode) pairs, got {value!r}")
+        raise LockUsageError(f"expected a list of (name, mode) pairs, got {shown(value)}")
     checked: list[tuple[str, Mode]] = []
     for item in value:
         if not isinstance(item, tuple | list) or len(item) != 2:
-            raise LockUsageError(f"each item must be a (name, mode) pair, got {item!r}")
+            raise LockUsageError(f"each item must be a (name, mode) pair, got {shown(item)}")
         checked.append((name(item[0]), mode(item[1])))
     if not checked:
         raise LockUsageError("a multi-lock needs at least one (name, mode) pair")

@@ -1,21 +1,27 @@
 """The waiting loop of a lock request, written once for threads and for asyncio.
 
 `acquire_steps` is a generator that decides; it does no I/O itself. It
-yields what it needs done — a database call (`Call`) or a wait (`Wait`) —
-and a driver does it: `run_sync` in the caller's thread, `aio.run_async` on
-an event loop. The loop (design note, "Waiting and wake-ups"):
+yields what it needs done — a database call (`Call`), a subscription to
+wake-ups (`Listen`) or a wait (`Wait`) — and a driver does it: `run_sync` in
+the caller's thread, `aio.run_async` on an event loop. The loop (design
+note, "Waiting and wake-ups"):
 
     attempt (enqueued) -> granted? done
-                       -> blocked: wait for a wake-up, the moment a blocker
-                          may turn stale or too old, or the deadline -> attempt again
+                       -> blocked: subscribe (once), then wait for a grant, a wake-up,
+                          the moment a blocker may turn stale or too old, or the
+                          deadline -> granted by a release? done; else attempt again
 
-Grants are only ever made by the requester's own attempt, so giving up (a
-timeout, an error, a cancelled task) only has to remove what this request
-left in the tables: one release call, whatever happened before.
+`acquire` is the threaded entry: its first attempt is a plain call, and
+nothing for waiting (generator, subscription, event) exists unless that
+attempt is blocked. Giving up (a timeout, an error, a cancelled task) is one
+release call, whatever happened before: it deletes what this request left,
+queued *or granted* (a release may have granted it meanwhile), and passes
+the lock on.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from collections import deque
@@ -24,6 +30,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, TypeVar
 
+from lockwarden import hooks
 from lockwarden.errors import (
     Deadlock,
     HeldTooLong,
@@ -33,11 +40,17 @@ from lockwarden.errors import (
     LockTimeout,
 )
 from lockwarden.modes import Mode
+from lockwarden.store import process
 from lockwarden.store.backend import AcquireRequest, Attempt, Backend, Row
+from lockwarden.store.queries import EXPIRE_SESSION
 from lockwarden.store.status import holder_of
-from lockwarden.store.wakeups import Subscription
+from lockwarden.store.validate import MAX_WAIT
+from lockwarden.store.wakeups import Subscription, Tokens, Wakeups
 
 T = TypeVar("T")
+
+PID_POLL = 0.25
+"""Seconds between looks at a holder of another process on this machine (`process.gone`)."""
 
 _PAST_THE_EDGE = 0.005
 """Look again this long after a blocker's deadline, so that it has certainly passed."""
@@ -51,15 +64,32 @@ class Call:
 
 
 @dataclass(frozen=True)
+class Listen:
+    """Subscribe to the wake-ups of ``names`` and of ``request_id`` (`Wakeups.add`)."""
+
+    names: frozenset[str]
+    request_id: str
+    since: float
+    """When the first attempt began (`time.monotonic`): wake-ups since then are delivered."""
+    epoch: int
+    """`Wakeups.epoch` before the first attempt."""
+
+
+@dataclass(frozen=True)
 class Wait:
-    """Wait up to ``seconds`` (None: without limit); a wake-up ends it early if ``woken``."""
+    """Wait up to ``seconds`` (None: without limit); a wake-up ends it early if ``woken``.
+
+    Sends back the tokens of a grant made to the request meanwhile, or None.
+    """
 
     seconds: float | None
     woken: bool = True
 
 
-Step = Call | Wait
+Step = Call | Listen | Wait
 Steps = Generator[Step, Any, T]
+Grant = tuple[str, Mapping[str, int]]
+"""A request id and the token of each name."""
 
 
 class Driver(Generic[T]):
@@ -92,19 +122,27 @@ class Driver(Generic[T]):
         self._value, self._error = value, error
 
 
-def run_sync(steps: Steps[T], sub: Subscription) -> T:
+def run_sync(steps: Steps[T], wakeups: Wakeups) -> T:
     """Drive ``steps`` in this thread."""
     driver = Driver(steps)
-    while (step := driver.next_step()) is not None:
-        try:
-            if isinstance(step, Call):
-                driver.outcome(step.fn())
-            elif step.woken:
-                sub.wait(step.seconds)
-            else:
-                time.sleep(step.seconds or 0.0)
-        except BaseException as exc:
-            driver.outcome(error=exc)
+    sub: Subscription | None = None
+    try:
+        while (step := driver.next_step()) is not None:
+            try:
+                if isinstance(step, Call):
+                    driver.outcome(step.fn())
+                elif isinstance(step, Listen):
+                    sub = Subscription(step.names, step.request_id)
+                    wakeups.add(sub, step.since, step.epoch)
+                elif step.woken and sub is not None:
+                    driver.outcome(sub.wait(step.seconds))
+                else:
+                    time.sleep(step.seconds or 0.0)
+            except BaseException as exc:
+                driver.outcome(error=exc)
+    finally:
+        if sub is not None:
+            wakeups.remove(sub)
     return driver.result
 
 
@@ -120,25 +158,93 @@ class Want:
     lock_delay: float
     lost: Callable[[], LockLost]
     """Marks the session lost (the database says it is not live); returns the error to raise."""
+    abandon: Callable[[str, Sequence[str]], object]
+    """Removes what a request id left (waiter rows, a grant it never learned of); a failure
+    is retried in the background (`Session._retry_release`)."""
 
 
-def acquire_steps(backend: Backend, want: Want) -> Steps[tuple[str, Mapping[str, int]]]:
-    """Acquire ``want.items`` all or nothing; return the request id and each name's token."""
+def acquire(backend: Backend, want: Want) -> Grant:
+    """Acquire ``want.items`` all or nothing, in this thread.
+
+    The first attempt is a plain call; only if it is blocked (or needs a
+    lock delay, or failed) does the waiting loop take over from it.
+    """
     request_id = secrets.token_hex(16)
+    epoch, since = backend.wakeups.epoch, time.monotonic()
+    names = tuple(name for name, _ in want.items)
+    try:
+        first = backend.acquire(
+            AcquireRequest(
+                want.session_id,
+                request_id,
+                names,
+                tuple(mode.value for _, mode in want.items),
+                want.timeout != 0,
+                want.refuse,
+                want.timeout,
+            )
+        )
+    except BaseException as exc:  # even a failed call may have committed
+        _abandon(want.abandon, request_id, names, exc)
+        raise
+    if first.status == "granted" and not (first.reclaimed and want.lock_delay):
+        _report_reclaim(first, names)
+        return request_id, first.tokens
+    steps = acquire_steps(
+        backend, want, request_id=request_id, first=first, since=since, epoch=epoch
+    )
+    return run_sync(steps, backend.wakeups)
+
+
+def _report_reclaim(granted: Attempt, names: Sequence[str]) -> None:
+    """Tell `lockwarden.hooks` if a grant took over from a dead holder."""
+    if granted.reclaimed and hooks.active():
+        for name in names:
+            hooks.emit("reclaimed", name)
+
+
+def acquire_steps(
+    backend: Backend,
+    want: Want,
+    *,
+    request_id: str | None = None,
+    first: Attempt | None = None,
+    since: float | None = None,
+    epoch: int | None = None,
+) -> Steps[Grant]:
+    """Acquire ``want.items`` all or nothing; return the request id and each name's token.
+
+    ``first``: the outcome of a first attempt already made (by `acquire`),
+    with its ``request_id``, when it began (``since``) and the `Wakeups.epoch`
+    read before it.
+    """
+    request_id = request_id or secrets.token_hex(16)
+    epoch = backend.wakeups.epoch if epoch is None else epoch
+    since = time.monotonic() if since is None else since
     names = tuple(name for name, _ in want.items)
     modes = tuple(mode.value for _, mode in want.items)
     enqueue = want.timeout != 0
-    deadline = None if want.timeout is None else time.monotonic() + want.timeout
-    left_rows = queued = False
+    deadline = None if want.timeout is None else since + want.timeout
+    attempt = first
+    queued = listening = False
     try:
         while True:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            request = AcquireRequest(
-                want.session_id, request_id, names, modes, enqueue, want.refuse, remaining, queued
-            )
             left_rows = True  # until we know better: even a failed call may have committed
-            attempt: Attempt = yield Call(partial(backend.acquire, request))
+            if attempt is None:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                request = AcquireRequest(
+                    want.session_id,
+                    request_id,
+                    names,
+                    modes,
+                    enqueue,
+                    want.refuse,
+                    remaining,
+                    queued,
+                )
+                attempt = yield Call(partial(backend.acquire, request))
             if attempt.status == "granted":
+                _report_reclaim(attempt, names)
                 if attempt.reclaimed and want.lock_delay:
                     yield Wait(want.lock_delay, woken=False)
                 return request_id, attempt.tokens
@@ -147,31 +253,82 @@ def acquire_steps(backend: Backend, want: Want) -> Steps[tuple[str, Mapping[str,
                 raise want.lost()
             if attempt.status == "deadlock":
                 left_rows = False  # the attempt removed its own queue entries
-                cycle = _cycle(want.session_id, attempt.edges)
-                raise Deadlock(
-                    f"{describe(want.items)}: waiting would close a cycle of sessions "
-                    f"{' -> '.join(s[:8] for s in (*cycle, cycle[0]))} each waiting for the next; "
-                    "this request was refused so the others can go on. Release what this "
-                    "session holds (or retry the whole unit of work).",
-                    resource=names[0] if len(names) == 1 else names,
-                    mode=want.items[0][1] if len(names) == 1 else None,
-                    cycle=cycle,
-                )
+                raise _deadlock(want, attempt)
             left_rows = queued = enqueue
+            if (yield from _expire_gone(backend, attempt.rows)):
+                attempt = None  # look again
+                continue
             blocked = _judge(attempt.rows, want.max_hold)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise _timeout(want, blocked)
-            yield Wait(_min(remaining, blocked.recheck))
+            if not listening:
+                listening = True
+                yield Listen(frozenset(names), request_id, since, epoch)
+            # Nothing announces that a holder of another process on this machine was
+            # killed: look again every PID_POLL while one is in the way.
+            tokens: Tokens | None = yield Wait(
+                _min(
+                    _min(remaining, blocked.recheck),
+                    PID_POLL if any(_mortal(r) for r in attempt.rows) else None,
+                )
+            )
+            backend.stats.add("waits")
+            if tokens is not None and len(tokens) == len(names):
+                backend.stats.add("handed")  # granted by a release: no attempt needed
+                return request_id, dict(zip(names, tokens, strict=True))
+            attempt = None
     except GeneratorExit:
         raise
     except BaseException as exc:
         if left_rows:
-            try:
-                yield Call(partial(backend.release, want.session_id, request_id, names))
-            except Exception as cleanup:  # the original error matters more
-                exc.add_note(f"removing the abandoned request also failed: {cleanup}")
+            yield Call(partial(_abandon, want.abandon, request_id, names, exc))
         raise
+
+
+def _deadlock(want: Want, attempt: Attempt) -> Deadlock:
+    """The refusal of a request whose wait would have closed a cycle of sessions."""
+    cycle = _cycle(want.session_id, attempt.edges)
+    names = [name for name, _ in want.items]
+    return Deadlock(
+        f"{describe(want.items)}: waiting would close a cycle of sessions "
+        f"{' -> '.join(s[:8] for s in (*cycle, cycle[0]))} each waiting for the next; "
+        "this request was refused so the others can go on. Release what this "
+        "session holds (or retry the whole unit of work).",
+        name=names[0] if len(names) == 1 else tuple(names),
+        mode=want.items[0][1] if len(names) == 1 else None,
+        cycle=cycle,
+    )
+
+
+def _expire_gone(backend: Backend, rows: Sequence[Row]) -> Steps[bool]:
+    """Expire the sessions in the way whose processes have ended on this machine
+    (design note, "A holder whose process is gone"); whether there were any."""
+    gone = {r["session_id"] for r in rows if r["live"] and process.gone(r)}
+    for session_id in sorted(gone):
+        yield Call(partial(backend.change, EXPIRE_SESSION, {"session": session_id}))
+    return bool(gone)
+
+
+def _mortal(row: Row) -> bool:
+    """A live holder of another process on this machine, which may die unannounced."""
+    return bool(
+        row["kind"] == "holder" and row["live"] and row["pid"] != os.getpid() and process.local(row)
+    )
+
+
+def _abandon(
+    abandon: Callable[[str, Sequence[str]], object],
+    request_id: str,
+    names: Sequence[str],
+    exc: BaseException,
+) -> None:
+    """Remove what a request that gives up left: queue entries, or a grant made meanwhile
+    (`Want.abandon`, which retries in the background if the database cannot be reached)."""
+    try:
+        abandon(request_id, names)
+    except Exception as cleanup:  # the original error matters more
+        exc.add_note(f"removing the abandoned request also failed: {cleanup}")
 
 
 @dataclass(frozen=True)
@@ -204,7 +361,8 @@ def _judge(rows: Sequence[Row], max_hold: float | None) -> _Blocked:
     return _Blocked(
         holders=tuple(holder_of(r) for r in holders),
         waiters_ahead=len(rows) - len(holders),
-        recheck=max(0.0, min(moments)) + _PAST_THE_EDGE if moments else None,
+        # Clamped: a holder with an absurd TTL must not make this wait overflow.
+        recheck=min(max(0.0, min(moments)) + _PAST_THE_EDGE, MAX_WAIT) if moments else None,
     )
 
 

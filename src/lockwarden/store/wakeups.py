@@ -1,103 +1,205 @@
 """Wake-ups for waiters in this process (design note, "Waiting and wake-ups").
 
-A waiter subscribes to the names it waits for *before* its first attempt. A
-wake-up sets a flag that the next wait consumes, so a release committed
-between an attempt and the wait is not lost: the wait returns at once and
-the waiter looks again.
+A waiter subscribes once its first attempt is blocked, to the names it waits
+for and to its request id. A wake-up sets a flag that the next wait
+consumes, so one that comes between an attempt and the wait is not lost:
+the wait returns at once. One that comes between the first attempt and the
+subscription is not lost either: the wake-ups of the last seconds are
+remembered (`Wakeups.add` replays those that came after the attempt began),
+and if the source of wake-ups restarted meanwhile (`Wakeups.epoch`), the
+waiter looks again at once.
 
-Where wake-ups come from is the backend's business: PostgreSQL's LISTEN
-connection, SQLite's in-process releases and its ``data_version`` poller.
+Two kinds of wake-up: a **name**'s waiters are told to attempt again (a
+reclaim, a break, a change of permits); one **request** is told that it was
+granted (with its tokens), or to attempt again. Where they come from is the
+backend's business: PostgreSQL's LISTEN connection, SQLite's in-process
+releases and its ``data_version`` poller.
 """
 
 from __future__ import annotations
 
-import asyncio
+import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
+
+Tokens = tuple[int, ...]
+"""The tokens of a grant made to a waiting request, in the order of its names."""
+
+REMEMBER = 10.0
+"""Seconds a wake-up nobody was subscribed to is kept for a waiter about to subscribe."""
+
+_KEEP = 4096
+"""How many remembered wake-ups are kept before the old ones are dropped."""
 
 
 class Subscription:
-    """One waiter's interest in some names, waited on from a thread."""
+    """One waiter's interest in some names and in its request, waited on from a thread."""
 
-    def __init__(self, names: frozenset[str]) -> None:
+    def __init__(self, names: frozenset[str], request_id: str = "") -> None:
         self.names = names
+        self.request_id = request_id
+        self._tokens: Tokens | None = None
         self._event = threading.Event()
 
     def notify(self) -> None:
         self._event.set()
 
-    def wait(self, timeout: float | None) -> None:
-        """Return when woken (or at once if woken since the last wait), or after ``timeout``."""
+    def grant(self, tokens: Tokens) -> None:
+        """The request was granted these tokens (by someone else's release)."""
+        self._tokens = tokens
+        self.notify()
+
+    def wait(self, timeout: float | None) -> Tokens | None:
+        """Return when woken (or at once if woken since the last wait), or after ``timeout``.
+
+        Returns the tokens if the request was granted meanwhile.
+        """
         self._event.wait(timeout)
         self._event.clear()
+        return self._take()
+
+    def _take(self) -> Tokens | None:
+        tokens, self._tokens = self._tokens, None
+        return tokens
 
 
-class AsyncSubscription(Subscription):
-    """A subscription waited on from an event loop; wake-ups arrive from other threads."""
+class _Recent:
+    """Wake-ups of the last `REMEMBER` seconds, by key: when each came (and what it carried)."""
 
-    def __init__(self, names: frozenset[str], loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(names)
-        self._loop = loop
-        self._async_event = asyncio.Event()
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[float, Tokens | None]] = {}
+        self._limit = _KEEP
 
-    def notify(self) -> None:
-        super().notify()
-        with suppress(RuntimeError):  # the loop has closed: nobody waits any more
-            self._loop.call_soon_threadsafe(self._async_event.set)
+    def put(self, key: str, tokens: Tokens | None = None) -> None:
+        self._seen[key] = (time.monotonic(), tokens)
+        if len(self._seen) > self._limit:
+            old = time.monotonic() - REMEMBER
+            self._seen = {k: v for k, v in self._seen.items() if v[0] >= old}
+            self._limit = max(_KEEP, 2 * len(self._seen))
 
-    async def wait_async(self, timeout: float | None) -> None:
-        with suppress(TimeoutError):
-            await asyncio.wait_for(self._async_event.wait(), timeout)
-        self._async_event.clear()
-        self._event.clear()
+    def since(self, key: str, moment: float) -> tuple[float, Tokens | None] | None:
+        found = self._seen.get(key)
+        return found if found is not None and found[0] >= moment else None
+
+    def pop(self, key: str) -> None:
+        self._seen.pop(key, None)
 
 
 class Wakeups:
-    """Who in this process waits for which names."""
+    """Who in this process waits for which names and requests."""
 
     def __init__(self, watch: Callable[[], None]) -> None:
         self._watch = watch
         self._lock = threading.Lock()
         self._by_name: dict[str, set[Subscription]] = {}
-        self._count = 0
+        self._by_request: dict[str, Subscription] = {}
+        self._names = _Recent()
+        self._requests = _Recent()
+        self._subs: set[Subscription] = set()
+        self._watched = False
+        self.epoch = 0
+        """Moves whenever wake-ups may have been missed (`wake_all`): a waiter that read it
+        before its first attempt and finds it moved when subscribing looks again at once."""
+
+    def add(self, sub: Subscription, since: float = math.inf, epoch: int | None = None) -> None:
+        """Register ``sub``; deliver what came for it since ``since`` (a `time.monotonic`).
+
+        The backend's source of wake-ups from other processes is running
+        before this returns. ``epoch``, read before the attempt that made the
+        subscriber wait: if wake-ups may have been missed since, it is woken.
+        """
+        first = not self._watched
+        self._watch()
+        with self._lock:
+            if first:  # nothing from other processes was heard before the source started
+                self._watched = True
+                self.epoch += 1
+            self._subs.add(sub)
+            for name in sub.names:
+                self._by_name.setdefault(name, set()).add(sub)
+                if self._names.since(name, since) is not None:
+                    sub.notify()
+            if sub.request_id:
+                self._by_request[sub.request_id] = sub
+                found = self._requests.since(sub.request_id, since)
+                if found is not None:
+                    self._requests.pop(sub.request_id)
+                    self._deliver(sub, found[1])
+            if epoch is not None and epoch != self.epoch:
+                sub.notify()
+
+    def remove(self, sub: Subscription) -> None:
+        """Unregister ``sub`` (nothing happens if it is not registered)."""
+        with self._lock:
+            if sub not in self._subs:
+                return
+            self._subs.discard(sub)
+            for name in sub.names:
+                subs = self._by_name[name]
+                subs.discard(sub)
+                if not subs:
+                    del self._by_name[name]
+            if self._by_request.get(sub.request_id) is sub:
+                del self._by_request[sub.request_id]
 
     @contextmanager
     def subscribe(self, sub: Subscription) -> Iterator[Subscription]:
-        """Register ``sub`` for its names while the block runs.
-
-        The backend's source of wake-ups from other processes is running
-        before this returns.
-        """
-        self._watch()
-        with self._lock:
-            self._count += 1
-            for name in sub.names:
-                self._by_name.setdefault(name, set()).add(sub)
+        """Register ``sub`` while the block runs (`add`, then `remove`)."""
+        self.add(sub)
         try:
             yield sub
         finally:
-            with self._lock:
-                self._count -= 1
-                for name in sub.names:
-                    subs = self._by_name[name]
-                    subs.discard(sub)
-                    if not subs:
-                        del self._by_name[name]
+            self.remove(sub)
 
     @property
     def waiting(self) -> int:
         """How many subscriptions are open."""
-        return self._count
+        return len(self._subs)
 
     def wake(self, names: Iterable[str]) -> None:
+        """Tell the waiters of ``names`` to attempt again."""
         with self._lock:
-            subs = {sub for name in names for sub in self._by_name.get(name, ())}
+            subs: set[Subscription] = set()
+            for name in names:
+                self._names.put(name)
+                subs.update(self._by_name.get(name, ()))
         for sub in subs:
             sub.notify()
 
-    def wake_all(self) -> None:
+    def address(self, request_id: str, tokens: Tokens | None) -> None:
+        """Tell one request that it was granted ``tokens`` (None: to attempt again)."""
         with self._lock:
-            subs = {sub for group in self._by_name.values() for sub in group}
+            sub = self._by_request.get(request_id)
+            if sub is None:
+                self._requests.put(request_id, tokens)
+                return
+        self._deliver(sub, tokens)
+
+    def deliver(self, message: str) -> None:
+        """A message from another process for one request: ``"<request id> <token>"``
+        (granted that token), or the request id alone (attempt again).
+
+        Anyone who can reach the source may send one: a message not of this form
+        only makes the request (if there is one) look again. Its id is the
+        128-bit secret that also authorizes the release.
+        """
+        request_id, _, token = message.partition(" ")
+        granted = token.isascii() and token.isdigit()
+        self.address(request_id, (int(token),) if granted else None)
+
+    @staticmethod
+    def _deliver(sub: Subscription, tokens: Tokens | None) -> None:
+        if tokens:
+            sub.grant(tokens)
+        else:
+            sub.notify()
+
+    def wake_all(self) -> None:
+        """Tell every waiter to attempt again: wake-ups may have been missed."""
+        with self._lock:
+            self.epoch += 1
+            subs = set(self._subs)
         for sub in subs:
             sub.notify()

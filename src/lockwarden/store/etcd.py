@@ -1,0 +1,816 @@
+"""The lock store on an etcd v3 cluster (its design note: ETCD.md in this package).
+
+The same algorithm as the SQL backends, on etcd's primitives: a session is a
+lease, a holder or waiter row is a key, the fencing token is the revision
+that created the holder key, and "one transaction" is an etcd transaction
+guarded by comparisons of revisions instead of row locks. The `Store` and
+`Session` send the statements of `queries`; `EtcdBackend` maps each to the
+method below that does the same thing (``_queries``, ``_changes``).
+
+Keys (``P`` is the URL's prefix, ``N`` a lock name percent-encoded, so that
+"/" only ever separates)::
+
+    P/s/SESSION          session: app_id, host, pid, pid_start, ttl, lease  (on its lease)
+    P/h/N/REQUEST        holder: name, mode, session, who, when   (no lease: see "reclaim")
+    P/o/SESSION/N/REQUEST  the same holder, found by session       (no lease)
+    P/w/N/REQUEST        waiter: name, mode, session, who, when, expires_at  (on the lease)
+    P/p/N                permits of a name
+    P/f/RESOURCE         fence: token, written, value
+    P/g                  rewritten by every deadlock refusal (serializes them)
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+from urllib.parse import quote, unquote
+
+from lockwarden.errors import StoreError
+from lockwarden.store import queries
+from lockwarden.store.backend import AcquireRequest, Attempt, Backend, Params, Row
+from lockwarden.store.etcdkv import (
+    CALL_BUDGET,
+    KV,
+    Cluster,
+    Op,
+    Watch,
+    absent,
+    delete,
+    exists,
+    get,
+    put,
+    scan,
+    unchanged_since,
+)
+from lockwarden.store.url import StoreURL
+
+Names = list[str | None]
+
+_MAX_LEASE = 9_000_000_000
+"""The longest lease etcd grants, in seconds."""
+
+_BATCH = 128
+"""Operations per clean-up transaction: etcd's default ``--max-txn-ops``."""
+
+
+def _q(name: str) -> str:
+    return quote(name, safe="")
+
+
+def _now() -> float:
+    """Wall-clock seconds, for ages shown and ``max_hold`` and waiter deadlines only:
+    etcd has no clock of its own to offer, and liveness never reads this (it is the lease)."""
+    return time.time()
+
+
+class EtcdBackend(Backend):
+    """One lock store under one key prefix of one etcd cluster."""
+
+    def __init__(self, url: StoreURL) -> None:
+        super().__init__(url)
+        self._kv = Cluster(url, self.stats)
+        self._p = url.schema + "/"
+        self._leases: dict[str, int] = {}  # this process's sessions -> their lease ids
+        self._watch_lock = threading.Lock()
+        self._watcher: Watch | None = None
+        self._queries: dict[str, Callable[[Params], list[Row]]] = {
+            queries.OPEN_SESSION: self._open_session,
+            queries.HEARTBEAT: self._heartbeat,
+            queries.EXPIRE_STALE: lambda params: [],  # the cluster expires leases itself
+            queries.CHECK: self._check,
+            queries.LOCKS: self._locks,
+            queries.WAITERS: self._waiters,
+            queries.SESSIONS: self._sessions,
+            queries.WAITS_FOR: self._waits_for,
+            queries.PERMITS: self._permits,
+            queries.FENCE_READ: self._fence_read,
+            queries.FENCE_ADVANCE: self._fence_advance,
+            queries.FENCE_RESET: self._fence_reset,
+            queries.RECORD_ADMIN: self._record_admin,
+            queries.ADMIN_LOG: self._admin_log,
+        }
+        self._changes: dict[tuple[str, ...], Callable[[Params], list[Names]]] = {
+            queries.CLOSE_SESSION: self._close_session,
+            queries.EXPIRE_SESSION: self._expire_session,
+            queries.EXPIRE_APP: self._expire_app,
+            queries.RELEASE_EXPIRED_OF_APP: self._release_expired_of_app,
+            queries.BREAK_LOCK: self._break_lock,
+            queries.CLEAN: self._clean,
+            queries.SET_PERMITS: self._set_permits,
+            queries.RESET_PERMITS: self._set_permits,
+        }
+        self._kv.read([get(self._p + "g")])  # a wrong endpoint or a dead cluster fails here
+
+    # -- keys -------------------------------------------------------------------------
+
+    def _session_key(self, session: str) -> str:
+        return f"{self._p}s/{session}"
+
+    def _holder_key(self, name: str, request: str) -> str:
+        return f"{self._p}h/{_q(name)}/{request}"
+
+    def _owner_key(self, session: str, name: str, request: str) -> str:
+        return f"{self._p}o/{session}/{_q(name)}/{request}"
+
+    def _waiter_key(self, name: str, request: str) -> str:
+        return f"{self._p}w/{_q(name)}/{request}"
+
+    def _name_prefix(self, kind: str, name: str | None) -> str:
+        return f"{self._p}{kind}/" + ("" if name is None else f"{_q(name)}/")
+
+    # -- the Backend interface ----------------------------------------------------------
+
+    def query(self, sql: str, params: Params | None = None, *, write: bool = False) -> list[Row]:
+        return self._queries[sql](params or {})
+
+    def change(self, statements: Sequence[str], params: Params) -> list[list[str | None]]:
+        found = self._changes[tuple(statements)](params)
+        self.wakeups.wake({name for names in found for name in names if name is not None})
+        return found
+
+    def _watch(self) -> None:
+        with self._watch_lock:
+            if self._watcher is None:
+                self._watcher = self._kv.watch(self._p, self._on_event, self.wakeups.wake_all)
+            watcher = self._watcher
+        if not watcher.wait_created(CALL_BUDGET):
+            raise StoreError(
+                f"lock store {self.url.display}: could not open a watch within {CALL_BUDGET:g} s"
+                " (is a majority of the cluster up?)"
+            )
+
+    def _on_event(self, kind: str, key: str) -> None:
+        """Wake the local waiters a change may let in: a holder or waiter gone, permits
+        changed; a session gone (its lease expired) may have left stale holders anywhere."""
+        part = key[len(self._p) :].split("/")
+        if (part[0] in ("h", "w") and kind == "DELETE") or part[0] == "p":
+            self.wakeups.wake([unquote(part[1])])
+        elif part[0] == "s" and kind == "DELETE":
+            self.wakeups.wake_all()
+
+    def close(self) -> None:
+        with self._watch_lock:
+            watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.close()
+        self._kv.close()
+
+    # -- acquire (ETCD.md, "Acquire") -----------------------------------------------------
+
+    def acquire(self, request: AcquireRequest) -> Attempt:
+        self.stats.add("attempts")
+        reclaimed = False
+        while True:  # each turn reads; a write whose guard failed means someone else moved
+            state = self._kv.read(
+                [
+                    get(self._session_key(request.session_id)),
+                    scan(f"{self._p}o/{request.session_id}/", limit=1),
+                ]
+                + [
+                    op
+                    for name in request.names
+                    for op in (
+                        scan(self._name_prefix("h", name)),
+                        scan(self._name_prefix("w", name)),
+                        get(f"{self._p}p/{_q(name)}"),
+                    )
+                ]
+            )
+            own = state.kvs(0)
+            holds_any = bool(state.kvs(1))
+            holders = {n: state.kvs(2 + 3 * i) for i, n in enumerate(request.names)}
+            waiters = {n: state.kvs(3 + 3 * i) for i, n in enumerate(request.names)}
+            permits = {n: state.kvs(4 + 3 * i) for i, n in enumerate(request.names)}
+            granted = {
+                n: kv.create
+                for n in request.names
+                for kv in holders[n]
+                if kv.key.endswith("/" + request.request_id)
+                and kv.value["session"] == request.session_id
+            }
+            if granted:  # a retry of an attempt that was granted
+                return Attempt("granted", tokens=granted, reclaimed=reclaimed)
+            if not own:
+                return Attempt("lost")
+            session = own[0].value
+            mine = [
+                kv.create for n in request.names for kv in waiters[n] if self._is_mine(kv, request)
+            ]
+            seq = min(mine) if mine else None
+            live = self._live({kv.value["session"] for n in request.names for kv in holders[n]})
+            now = _now()
+            rows = [
+                row
+                for name, mode in zip(request.names, request.modes, strict=True)
+                for row in _in_the_way(
+                    name,
+                    mode,
+                    holders=holders[name],
+                    waiters=waiters[name],
+                    permits=permits[name],
+                    seq=seq,
+                    request=request,
+                    live=live,
+                    now=now,
+                )
+            ]
+            dead = [
+                r for r in rows if r["kind"] == "holder" and not r["live"] and not request.refuse
+            ]
+            if dead:
+                self._reclaim(dead)
+                reclaimed = True
+                continue
+            if not rows:
+                attempt = self._grant(request, session, state.revision)
+                if attempt is None:
+                    continue
+                return Attempt("granted", tokens=attempt, reclaimed=reclaimed)
+            if not request.enqueue:
+                return Attempt("blocked", reclaimed=reclaimed, rows=tuple(rows))
+            if seq is None and not self._enqueue(request, session):
+                return Attempt("lost")
+            if holds_any:
+                edges = self._deadlock(request)
+                if edges is not None:
+                    return Attempt("deadlock", edges=edges)
+            return Attempt("blocked", reclaimed=reclaimed, rows=tuple(rows))
+
+    def _is_mine(self, kv: KV, request: AcquireRequest) -> bool:
+        return (
+            kv.key.endswith("/" + request.request_id) and kv.value["session"] == request.session_id
+        )
+
+    def _live(self, sessions: Iterable[str]) -> set[str]:
+        """Which of these sessions are live: their key (on their lease) still exists.
+
+        Read after the state it judges, which is safe: a session never comes back
+        to life, so one found live might have died since (the waiter is woken by
+        the key's deletion), and one found dead was dead at the earlier read too.
+        """
+        wanted = sorted(sessions)
+        if not wanted:
+            return set()
+        found = self._kv.read([get(self._session_key(s)) for s in wanted])
+        return {s for i, s in enumerate(wanted) if found.kvs(i)}
+
+    def _reclaim(self, dead: Sequence[Row]) -> None:
+        """Delete the holder keys of dead sessions (and their index keys).
+
+        Guarded by the sessions' keys being absent, which never changes once true:
+        session ids are random and a session key is only ever written at open.
+        """
+        compare = [absent(self._session_key(s)) for s in {r["session_id"] for r in dead}]
+        ops = [
+            op
+            for r in dead
+            for op in (
+                delete(self._holder_key(r["name"], r["request_id"])),
+                delete(self._owner_key(r["session_id"], r["name"], r["request_id"])),
+            )
+        ]
+        self._kv.txn(ops, compare)
+        self.wakeups.wake({r["name"] for r in dead})
+
+    def _grant(
+        self, request: AcquireRequest, session: Mapping[str, Any], revision: int
+    ) -> dict[str, int] | None:
+        """Write the holder keys if nothing changed in the way since ``revision``.
+
+        The guard: our session's key still exists, and no holder key of any of the
+        names and no permits key was written after the state was read. Waiters that
+        queued since are behind us. The token is the revision of this very write.
+        """
+        compare = [exists(self._session_key(request.session_id))]
+        ops: list[Op] = []
+        for name, mode in zip(request.names, request.modes, strict=True):
+            compare.append(unchanged_since(self._name_prefix("h", name), revision, under=True))
+            compare.append(unchanged_since(f"{self._p}p/{_q(name)}", revision))
+            holder = {
+                "name": name,
+                "mode": mode,
+                "session": request.session_id,
+                "at": _now(),
+                **_who(session),
+            }
+            ops += [
+                put(self._holder_key(name, request.request_id), holder),
+                put(self._owner_key(request.session_id, name, request.request_id), name),
+                delete(self._waiter_key(name, request.request_id)),
+            ]
+        done = self._kv.txn(ops, compare)
+        if not done.succeeded:
+            return None
+        return dict.fromkeys(request.names, done.revision)
+
+    def _enqueue(self, request: AcquireRequest, session: Mapping[str, Any]) -> bool:
+        """Queue the request on every name (one revision: its place in each queue)."""
+        now = _now()
+        expires = None if request.wait is None else now + request.wait
+        ops = [
+            put(
+                self._waiter_key(name, request.request_id),
+                {
+                    "name": name,
+                    "mode": mode,
+                    "session": request.session_id,
+                    "at": now,
+                    "expires_at": expires,
+                    **_who(session),
+                },
+                lease=session["lease"],
+            )
+            for name, mode in zip(request.names, request.modes, strict=True)
+        ]
+        return self._kv.txn(ops, [exists(self._session_key(request.session_id))]).succeeded
+
+    def _deadlock(self, request: AcquireRequest) -> tuple[tuple[str, str], ...] | None:
+        """The waits-for edges reachable from our session if it is on a cycle (our queue
+        entries are then removed), else None (design note, "Deadlocks across sessions").
+
+        A refusal rewrites ``P/g`` guarded by its revision as read: of two requests
+        that close a cycle at once, the second's guard fails, it looks again, and
+        finds the cycle gone with the first's queue entries.
+        """
+        while True:
+            found = self._kv.read(
+                [
+                    scan(self._p + "w/"),
+                    scan(self._p + "h/"),
+                    scan(self._p + "s/"),
+                    scan(self._p + "p/"),
+                    get(self._p + "g"),
+                ]
+            )
+            live = {kv.key.rsplit("/", 1)[1] for kv in found.kvs(2)}
+            caps = {kv.value["name"]: kv.value for kv in found.kvs(3)}
+            edges = _edges(found.kvs(0), found.kvs(1), live, caps, _now())
+            reach = _reachable(request.session_id, edges)
+            if request.session_id not in reach:
+                return None
+            graph = found.kvs(4)
+            ops = [put(self._p + "g", found.revision)]
+            ops += [delete(self._waiter_key(n, request.request_id)) for n in request.names]
+            guard = unchanged_since(self._p + "g", graph[0].mod if graph else 0)
+            if self._kv.txn(ops, [guard]).succeeded:
+                mine = {request.session_id} | reach
+                return tuple((s, d) for s, d in edges if s in mine)
+
+    # -- release ------------------------------------------------------------------------
+
+    def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
+        ops = [
+            op
+            for name in names
+            for op in (
+                delete(self._holder_key(name, request_id)),
+                delete(self._waiter_key(name, request_id)),
+                delete(self._owner_key(session_id, name, request_id)),
+            )
+        ]
+        done = self._kv.txn(ops)
+        deleted = sum(
+            1
+            for i in range(0, len(ops), 3)
+            for kv in done.deleted(i)
+            if kv.value["session"] == session_id
+        )
+        self.wakeups.wake(names)
+        if (
+            done.resent and deleted == 0
+        ):  # the first send did it (design note, "Connection failures")
+            return len(names)
+        return deleted
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def _open_session(self, p: Params) -> list[Row]:
+        # Leases count whole seconds: rounding up keeps the cluster's view of the
+        # session at least as long as the client's (which gives up first).
+        # etcd grants at most 9e9 s (its MaxLeaseTTL); longer TTLs are clamped to that.
+        seconds = min(_MAX_LEASE, max(1, math.ceil(float(p["ttl"]))))  # type: ignore[arg-type]
+        lease = self._kv.grant(seconds)
+        value = {
+            "app_id": p["app_id"],
+            "host": p["host"],
+            "pid": p["pid"],
+            "pid_start": p["pid_start"],
+            "ttl": p["ttl"],
+            "lease": lease,
+            "at": _now(),
+        }
+        self._kv.txn([put(self._session_key(str(p["session"])), value, lease=lease)])
+        self._leases[str(p["session"])] = lease
+        return [{"started": 0}]
+
+    def _heartbeat(self, p: Params) -> list[Row]:
+        lease = self._leases.get(str(p["session"]))
+        if lease is None or not self._kv.keep_alive(lease):
+            return []
+        return [{"started": 0}]
+
+    def _session_holders(self, session: str) -> list[tuple[str, str]]:
+        """(name, request id) of every holder key of a session, from its index keys."""
+        found = self._kv.read([scan(f"{self._p}o/{session}/")]).kvs(0)
+        return [(kv.value, kv.key.rsplit("/", 1)[1]) for kv in found]
+
+    def _drop_holders(self, held: Iterable[tuple[str, str, str]]) -> list[str | None]:
+        """Delete holder keys given as (session, name, request); return the names removed.
+
+        In batches that fit etcd's default limit of operations per transaction:
+        deletions only ever free locks, so a crash between batches leaves nothing
+        wrong, only something for the next release, reclaim or `clean` to finish.
+        """
+        ops = [
+            op
+            for session, name, request in held
+            for op in (
+                delete(self._holder_key(name, request)),
+                delete(self._owner_key(session, name, request)),
+            )
+        ]
+        names: list[str | None] = []
+        for start in range(0, len(ops), _BATCH):
+            done = self._kv.txn(ops[start : start + _BATCH])
+            names += [
+                kv.value["name"] for i in range(0, len(done.responses), 2) for kv in done.deleted(i)
+            ]
+        return names
+
+    def _close_session(self, p: Params) -> list[Names]:
+        session = str(p["session"])
+        names = self._drop_holders((session, n, r) for n, r in self._session_holders(session))
+        lease = self._leases.pop(session, None)
+        if lease is not None:
+            self._kv.revoke(lease)  # its session key and queue entries go with it
+        return [names, [], [None]]
+
+    def _expire_session(self, p: Params) -> list[Names]:
+        session = str(p["session"])
+        lease = self._leases.get(session)
+        if lease is None:  # another process's session, whose process is gone (`process.gone`)
+            found = self._kv.read([get(self._session_key(session))]).kvs(0)
+            lease = found[0].value["lease"] if found else None
+        if lease is not None:
+            self._kv.revoke(lease)
+        return [[None], [n for n, _ in self._session_holders(session)]]
+
+    def _expire_app(self, p: Params) -> list[Names]:
+        """`queries.EXPIRE_APP`: a session no longer alive has already lost its lease (and
+        its key); with ``force``, the app's live sessions lose theirs now."""
+        if not p["force"]:
+            return [[]]
+        found = self._kv.read([scan(self._p + "s/")]).kvs(0)
+        sessions = [kv for kv in found if kv.value["app_id"] == p["app_id"]]
+        for kv in sessions:
+            self._kv.revoke(kv.value["lease"])
+        return [[None] * len(sessions)]
+
+    def _release_expired_of_app(self, p: Params) -> list[Names]:
+        """`queries.RELEASE_EXPIRED_OF_APP`: the app's holders whose session key is gone."""
+        found = self._kv.read([scan(self._p + "s/"), scan(self._p + "h/")])
+        live = {kv.key.rsplit("/", 1)[1] for kv in found.kvs(0)}
+        names = self._drop_holders(
+            (kv.value["session"], kv.value["name"], kv.key.rsplit("/", 1)[1])
+            for kv in found.kvs(1)
+            if kv.value["app_id"] == p["app_id"] and kv.value["session"] not in live
+        )
+        return [names, []]
+
+    def _break_lock(self, p: Params) -> list[Names]:
+        found = self._kv.read([scan(self._name_prefix("h", str(p["name"])))]).kvs(0)
+        return [
+            self._drop_holders(
+                (kv.value["session"], kv.value["name"], kv.key.rsplit("/", 1)[1]) for kv in found
+            )
+        ]
+
+    def _clean(self, p: Params) -> list[Names]:
+        found = self._kv.read([scan(self._p + "s/"), scan(self._p + "h/"), scan(self._p + "w/")])
+        live = {kv.key.rsplit("/", 1)[1] for kv in found.kvs(0)}
+        dead = [kv for kv in found.kvs(1) if kv.value["session"] not in live]
+        holders = self._drop_holders(
+            (kv.value["session"], kv.value["name"], kv.key.rsplit("/", 1)[1]) for kv in dead
+        )
+        now = _now()
+        late = [kv for kv in found.kvs(2) if _expired(kv.value, now)]
+        waiters: list[str | None] = []
+        for start in range(0, len(late), _BATCH):
+            done = self._kv.txn([delete(kv.key) for kv in late[start : start + _BATCH]])
+            waiters += [
+                kv.value["name"] for i in range(len(done.responses)) for kv in done.deleted(i)
+            ]
+        # A dead session's own key went with its lease; what is left of it is its holders.
+        return [holders, waiters, [None] * len({kv.value["session"] for kv in dead})]
+
+    # -- permits, reads, fences ---------------------------------------------------------
+
+    def _set_permits(self, p: Params) -> list[Names]:
+        name = str(p["name"])
+        key = f"{self._p}p/{_q(name)}"
+        if (p["read"], p["write"]) == (None, 1):
+            self._kv.txn([delete(key)])
+        else:
+            self._kv.txn([put(key, {"name": name, "read": p["read"], "write": p["write"]})])
+        return [[name]]
+
+    def _permits(self, p: Params) -> list[Row]:
+        found = self._kv.read([get(f"{self._p}p/{_q(str(p['name']))}")]).kvs(0)
+        return [
+            {"read_permits": kv.value["read"], "write_permits": kv.value["write"]} for kv in found
+        ]
+
+    def _check(self, p: Params) -> list[Row]:
+        names: Sequence[str] = p["names"]  # type: ignore[assignment]
+        request = str(p["request"])
+        found = self._kv.read(
+            [get(self._session_key(str(p["session"])))]
+            + [get(self._holder_key(n, request)) for n in names]
+        )
+        held = sum(
+            1
+            for i in range(len(names))
+            for kv in found.kvs(i + 1)
+            if kv.value["session"] == p["session"]
+        )
+        return [{"live": bool(found.kvs(0)), "held": held}]
+
+    def _locks(self, p: Params) -> list[Row]:
+        name = p["name"]
+        found = self._kv.read(
+            [
+                scan(self._name_prefix("h", None if name is None else str(name))),
+                scan(self._p + "s/"),
+            ]
+        )
+        live = {kv.key.rsplit("/", 1)[1] for kv in found.kvs(1)}
+        now = _now()
+        rows = [
+            {
+                "name": kv.value["name"],
+                "mode": kv.value["mode"],
+                "token": kv.create,
+                "session_id": kv.value["session"],
+                "app_id": kv.value["app_id"],
+                "host": kv.value["host"],
+                "pid": kv.value["pid"],
+                "since": kv.value["at"],
+                "heartbeat_at": now,  # etcd does not say when a lease was last renewed
+                "now": now,
+                "stale": kv.value["session"] not in live,
+            }
+            for kv in found.kvs(0)
+        ]
+        return sorted(rows, key=lambda r: (r["name"], r["token"]))
+
+    def _waiters(self, p: Params) -> list[Row]:
+        name = p["name"]
+        found = self._kv.read(
+            [scan(self._name_prefix("w", None if name is None else str(name)))]
+        ).kvs(0)
+        now = _now()
+        rows = [
+            (
+                kv.value["name"],
+                kv.create,
+                {
+                    "name": kv.value["name"],
+                    "mode": kv.value["mode"],
+                    "session_id": kv.value["session"],
+                    "app_id": kv.value["app_id"],
+                    "host": kv.value["host"],
+                    "pid": kv.value["pid"],
+                    "waited_for": now - kv.value["at"],
+                    "expires_in": None
+                    if kv.value["expires_at"] is None
+                    else kv.value["expires_at"] - now,
+                    "stale": _expired(kv.value, now),
+                },
+            )
+            for kv in found
+        ]
+        return [row for _, _, row in sorted(rows, key=lambda r: (r[0], r[1]))]
+
+    def _sessions(self, p: Params) -> list[Row]:
+        """Sessions whose lease lives: an expired lease takes its session key with it,
+        so every session listed is live (and its heartbeat age unknown, as in `_locks`)."""
+        now = _now()
+        rows = [
+            {
+                "session_id": kv.key.rsplit("/", 1)[1],
+                "app_id": kv.value["app_id"],
+                "host": kv.value["host"],
+                "pid": kv.value["pid"],
+                "ttl": kv.value["ttl"],
+                "age": now - kv.value["at"],
+                "heartbeat_age": 0.0,
+                "live": True,
+            }
+            for kv in self._kv.read([scan(self._p + "s/")]).kvs(0)
+        ]
+        return sorted(rows, key=lambda r: (-r["age"], r["session_id"]))
+
+    def _waits_for(self, p: Params) -> list[Row]:
+        found = self._kv.read(
+            [scan(self._p + "w/"), scan(self._p + "h/"), scan(self._p + "s/"), scan(self._p + "p/")]
+        )
+        live = {kv.key.rsplit("/", 1)[1] for kv in found.kvs(2)}
+        caps = {kv.value["name"]: kv.value for kv in found.kvs(3)}
+        edges = _named_edges(found.kvs(0), found.kvs(1), live, caps, _now())
+        return [{"src": src, "dst": dst, "name": name} for src, dst, name in edges]
+
+    def _fence_read(self, p: Params) -> list[Row]:
+        found = self._kv.read([get(f"{self._p}f/{_q(str(p['resource']))}")]).kvs(0)
+        return [dict(kv.value) for kv in found]
+
+    def _fence_advance(self, p: Params) -> list[Row]:
+        """`queries.FENCE_ADVANCE` as a compare-and-swap on the fence's key."""
+        key = f"{self._p}f/{_q(str(p['resource']))}"
+        token = int(p["token"])  # type: ignore[call-overload]
+        while True:
+            held: list[Op] = []
+            if p.get("request") is not None:  # the access carries its lock: still held?
+                found_held = self._held(str(p["session"]), str(p["request"]), token)
+                if found_held is None:
+                    return []
+                held = found_held
+            found = self._kv.read([get(key)]).kvs(0)
+            old = found[0].value if found else {"token": 0, "written": 0, "value": None}
+            if (old["token"] if p["write"] else old["written"]) > token:
+                return []
+            new = {
+                "token": max(old["token"], token),
+                "written": token if p["write"] else old["written"],
+                "value": p["value"] if p["write"] else old["value"],
+            }
+            guard = unchanged_since(key, found[0].mod) if found else absent(key)
+            if self._kv.txn([put(key, new)], [guard, *held]).succeeded:
+                return [new]
+
+    def _held(self, session: str, request: str, token: int) -> list[Op] | None:
+        """Guards that ``session``'s lock of ``request`` with ``token`` is still held (its
+        holder key unchanged, its session's key there), or None if it is not."""
+        owned = self._kv.read([scan(f"{self._p}o/{session}/")]).kvs(0)
+        for kv in owned:
+            if kv.key.rsplit("/", 1)[1] != request:
+                continue
+            key = self._holder_key(kv.value, request)
+            found = self._kv.read([get(key), get(self._session_key(session))])
+            holder = found.kvs(0)
+            if holder and found.kvs(1) and holder[0].create == token:
+                return [unchanged_since(key, holder[0].mod), exists(self._session_key(session))]
+        return None
+
+    def _fence_reset(self, p: Params) -> list[Row]:
+        """`queries.FENCE_RESET`: the fence's key goes; its highest token comes back."""
+        key = f"{self._p}f/{_q(str(p['resource']))}"
+        done = self._kv.txn([delete(key)])
+        return [{"token": kv.value["token"]} for kv in done.deleted(0)]
+
+    def _record_admin(self, p: Params) -> list[Row]:
+        """`queries.RECORD_ADMIN`: a key of its own, with no lease (it outlives the session)."""
+        record = {k: p[k] for k in ("action", "subject", "detail", "host", "pid")}
+        self._kv.txn([put(f"{self._p}a/{p['id']}", {**record, "at": _now()})])
+        return []
+
+    def _admin_log(self, p: Params) -> list[Row]:
+        """`queries.ADMIN_LOG`: the records, newest first."""
+        records = sorted(
+            (kv.value for kv in self._kv.read([scan(self._p + "a/")]).kvs(0)),
+            key=lambda r: r["at"],
+            reverse=True,
+        )
+        now = _now()
+        return [{**r, "now": now} for r in records[: int(p["limit"])]]  # type: ignore[call-overload]
+
+
+def _who(session: Mapping[str, Any]) -> dict[str, Any]:
+    """What a holder or waiter key repeats of its session, to be shown after the session
+    (and its key) is gone."""
+    return {k: session.get(k) for k in ("app_id", "host", "pid", "pid_start", "ttl")}
+
+
+def _expired(waiter: Mapping[str, Any], now: float) -> bool:
+    return waiter["expires_at"] is not None and waiter["expires_at"] <= now
+
+
+def _in_the_way(
+    name: str,
+    mode: str,
+    *,
+    holders: Sequence[KV],
+    waiters: Sequence[KV],
+    permits: Sequence[KV],
+    seq: int | None,
+    request: AcquireRequest,
+    live: set[str],
+    now: float,
+) -> list[Row]:
+    """`queries.IN_THE_WAY` over the keys read: the same rows, by the same rules."""
+    others: list[Row] = []
+    for kv in holders:
+        alive = kv.value["session"] in live
+        others.append(_row(name, "holder", kv, now, live=alive, expires_at=None))
+    for kv in waiters:
+        if kv.key.endswith("/" + request.request_id) or (seq is not None and kv.create >= seq):
+            continue
+        # a waiter key exists only while its session's lease does
+        others.append(
+            _row(
+                name,
+                "waiter",
+                kv,
+                now,
+                live=not _expired(kv.value, now),
+                expires_at=kv.value["expires_at"],
+            )
+        )
+    counted = [o for o in others if o["live"] or (o["kind"] == "holder" and request.refuse)]
+    cap = (
+        permits[0].value["write" if mode == "X" else "read"]
+        if permits
+        else (1 if mode == "X" else None)
+    )
+    at_cap = cap is not None and sum(o["mode"] == mode for o in counted) >= cap
+    return [
+        o
+        for o in others
+        if (o["kind"] == "holder" and not o["live"] and not request.refuse)
+        or (o in counted and (o["mode"] != mode or at_cap))
+    ]
+
+
+def _row(name: str, kind: str, kv: KV, now: float, *, live: bool, expires_at: float | None) -> Row:
+    v = kv.value
+    return {
+        "name": name,
+        "kind": kind,
+        "mode": v["mode"],
+        "since": v["at"],
+        "expires_at": expires_at,
+        "session_id": v["session"],
+        "request_id": kv.key.rsplit("/", 1)[1],
+        "app_id": v["app_id"],
+        "host": v["host"],
+        "pid": v["pid"],
+        "pid_start": v.get("pid_start"),
+        "heartbeat_at": now,  # look again a TTL from now if nobody wakes us
+        "ttl": v["ttl"],
+        "expired": not live,
+        "live": live,
+        "now": now,
+    }
+
+
+def _edges(
+    waiters: Sequence[KV],
+    holders: Sequence[KV],
+    live: set[str],
+    caps: Mapping[str, Any],
+    now: float,
+) -> list[tuple[str, str]]:
+    """`queries.DEADLOCK_EDGES`' edge rule over the keys read: who waits for whom."""
+    return sorted({(src, dst) for src, dst, _ in _named_edges(waiters, holders, live, caps, now)})
+
+
+def _named_edges(
+    waiters: Sequence[KV],
+    holders: Sequence[KV],
+    live: set[str],
+    caps: Mapping[str, Any],
+    now: float,
+) -> list[tuple[str, str, str]]:
+    """`queries.WAITS_FOR`' edge rule over the keys read, with the name waited on."""
+    waiting = [(kv.value, kv.create) for kv in waiters if not _expired(kv.value, now)]
+    names = {w["name"] for w, _ in waiting}
+    nodes = waiting + [
+        (kv.value, -1)
+        for kv in holders
+        if kv.value["session"] in live and kv.value["name"] in names
+    ]
+    edges: set[tuple[str, str, str]] = set()
+    for w, seq in waiting:
+        cap = caps.get(w["name"])
+        one = (cap["write"] if cap else 1) if w["mode"] == "X" else (cap["read"] if cap else None)
+        for x, xseq in nodes:
+            same_name = x["name"] == w["name"] and x["session"] != w["session"]
+            if same_name and xseq < seq and (x["mode"] != w["mode"] or one == 1):
+                edges.add((w["session"], x["session"], w["name"]))
+    return sorted(edges)
+
+
+def _reachable(start: str, edges: Sequence[tuple[str, str]]) -> set[str]:
+    after: dict[str, list[str]] = {}
+    for src, dst in edges:
+        after.setdefault(src, []).append(dst)
+    seen: set[str] = set()
+    todo = list(after.get(start, ()))
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo.extend(after.get(node, ()))
+    return seen

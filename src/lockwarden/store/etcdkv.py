@@ -1,0 +1,352 @@
+"""The etcd cluster as the etcd backend sees it: transactions, leases and one watch.
+
+Everything goes through etcd's v3 JSON gateway with `etcd3gw` (`ETCD.md`,
+"The client library"). This module knows keys, values and revisions,
+and nothing of locks:
+
+- `Cluster.post` sends one request to one member and moves on to the next
+  member when that one fails, so one dead or paused member costs one
+  timeout, not the call. Every request has a deadline (`CALL_TIMEOUT`) and
+  every call a budget (`CALL_BUDGET`): a cluster that has lost its quorum
+  answers nothing (or "no leader"), and the caller then gets a `StoreError`
+  within the budget instead of hanging.
+- `Watch` is one stream of change events under the store's prefix, kept open
+  by a thread; a broken stream is resumed from the revision after the last
+  one seen, so no event is lost across a reconnect (unless etcd compacted
+  that history away: then every waiter is woken once).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+from etcd3gw import exceptions
+from etcd3gw.client import Etcd3Client
+
+from lockwarden.errors import StoreError
+from lockwarden.store import process
+from lockwarden.store.backend import Stats
+from lockwarden.store.url import StoreURL
+
+log = logging.getLogger("lockwarden.store")
+
+CALL_TIMEOUT = 1.0
+"""Seconds one member has to answer one request before the next member is asked. A
+lost quorum makes members wait for a leader that is not coming (etcd's own request
+timeout is longer), and a paused member accepts connections but never answers; a
+heartbeat stuck on either must move on well within a session's TTL."""
+
+CALL_BUDGET = 5.0
+"""Seconds a call may spend across members before it fails with `StoreError`."""
+
+_RETRYABLE = (
+    exceptions.ConnectionFailedError,
+    exceptions.ConnectionTimeoutError,
+    exceptions.InternalServerError,
+)
+"""Failures another member (or the same one, after an election) may not have: the
+member is down, paused, partitioned, or has no leader. Anything else (a request
+etcd refuses) fails at once."""
+
+Op = dict[str, Any]
+
+
+def enc(text: str) -> str:
+    return base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def dec(text: str) -> str:
+    return base64.b64decode(text).decode("utf-8")
+
+
+def prefix_end(prefix: str) -> str:
+    """The end of the key range of every key starting with ``prefix`` (which ends in "/")."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+@dataclass(frozen=True)
+class KV:
+    """One key as read: its JSON value and the revisions etcd keeps for it."""
+
+    key: str
+    value: Any
+    create: int
+    """The revision that created the key: a lock's fencing token, a waiter's place."""
+    mod: int
+
+
+def _kv(raw: Mapping[str, Any]) -> KV:
+    value = dec(raw["value"]) if raw.get("value") else ""
+    return KV(
+        key=dec(raw["key"]),
+        value=json.loads(value) if value else None,
+        create=int(raw.get("create_revision", 0)),
+        mod=int(raw.get("mod_revision", 0)),
+    )
+
+
+# -- the pieces of a transaction --------------------------------------------------
+
+
+def get(key: str) -> Op:
+    return {"request_range": {"key": enc(key)}}
+
+
+def scan(prefix: str, *, limit: int = 0) -> Op:
+    """Every key under ``prefix`` (up to ``limit`` if given)."""
+    return {
+        "request_range": {"key": enc(prefix), "range_end": enc(prefix_end(prefix)), "limit": limit}
+    }
+
+
+def put(key: str, value: object, lease: int = 0) -> Op:
+    body: dict[str, Any] = {"key": enc(key), "value": enc(json.dumps(value))}
+    if lease:
+        body["lease"] = str(lease)
+    return {"request_put": body}
+
+
+def delete(key: str) -> Op:
+    return {"request_delete_range": {"key": enc(key), "prev_kv": True}}
+
+
+def exists(key: str) -> Op:
+    return {"key": enc(key), "target": "VERSION", "result": "GREATER", "version": "0"}
+
+
+def absent(key: str) -> Op:
+    return {"key": enc(key), "target": "VERSION", "result": "EQUAL", "version": "0"}
+
+
+def unchanged_since(key: str, revision: int, *, under: bool = False) -> Op:
+    """The key (with ``under``: every key under the prefix ``key``) was last modified
+    at or before ``revision``: nothing was created or changed there since. A deleted key
+    passes, which is what the callers want (a deletion only ever frees something)."""
+    compare = {
+        "key": enc(key),
+        "target": "MOD",
+        "result": "LESS",
+        "mod_revision": str(revision + 1),
+    }
+    if under:
+        compare["range_end"] = enc(prefix_end(key))
+    return compare
+
+
+@dataclass(frozen=True)
+class Txn:
+    """What a transaction found."""
+
+    succeeded: bool
+    revision: int
+    """The store's revision after it: the revision of its writes, if it wrote."""
+    responses: tuple[Mapping[str, Any], ...]
+    resent: bool
+    """An earlier send of this call may have been applied (its answer was lost)."""
+
+    def kvs(self, i: int) -> list[KV]:
+        """The keys read by the ``i``-th operation (a range)."""
+        return [_kv(raw) for raw in self.responses[i].get("response_range", {}).get("kvs", ())]
+
+    def deleted(self, i: int) -> list[KV]:
+        """The keys removed by the ``i``-th operation (a delete)."""
+        found = self.responses[i].get("response_delete_range", {})
+        return [_kv(raw) for raw in found.get("prev_kvs", ())]
+
+
+class Cluster:
+    """The members of one etcd cluster, tried in turn."""
+
+    def __init__(self, url: StoreURL, stats: Stats) -> None:
+        self.url = url
+        self.stats = stats
+        self._members: list[Etcd3Client] = []
+        for endpoint in url.target.split(","):
+            host, _, port = endpoint.rpartition(":")
+            self._members.append(
+                Etcd3Client(host=host, port=int(port), api_path="/v3/", timeout=CALL_TIMEOUT)
+            )
+        self._first = 0  # the member that answered last: asked first next time
+        self._pid = os.getpid()
+
+    def post(self, path: str, body: Mapping[str, Any]) -> tuple[Any, bool]:
+        """Send one request, trying the members in turn; return the answer and whether an
+        earlier send may have been applied. `StoreError` once `CALL_BUDGET` is spent."""
+        if os.getpid() != self._pid:  # a forked child: the store is its parent's
+            raise process.forked_from(self._pid)
+        deadline = time.monotonic() + CALL_BUDGET
+        start = self._first
+        tried = 0
+        resent = False
+        while True:
+            index = (start + tried) % len(self._members)
+            member = self._members[index]
+            self.stats.add("statements")
+            try:
+                answer = member.post(member.get_url(path), json=body)
+            except _RETRYABLE as exc:
+                cause = exc
+                # Refused: never sent. Anything else may have been applied.
+                resent = resent or not isinstance(exc, exceptions.ConnectionFailedError)
+            except exceptions.Etcd3Exception as exc:
+                raise StoreError(
+                    f"lock store {self.url.display}: etcd refused {path}: {exc}"
+                ) from exc
+            else:
+                self._first = index
+                return answer, resent
+            tried += 1
+            if time.monotonic() >= deadline:
+                raise StoreError(
+                    f"lock store {self.url.display}: no member answered within "
+                    f"{CALL_BUDGET:g} s (is a majority of the cluster up?): {cause}"
+                ) from cause
+            self.stats.add("retries")
+            if tried % len(self._members) == 0:
+                time.sleep(0.1)  # every member failed once: give an election a moment
+
+    def txn(
+        self,
+        success: Sequence[Op],
+        compare: Sequence[Op] = (),
+        failure: Sequence[Op] = (),
+    ) -> Txn:
+        found, resent = self.post(
+            "/kv/txn",
+            {"compare": list(compare), "success": list(success), "failure": list(failure)},
+        )
+        return Txn(
+            succeeded=bool(found.get("succeeded")),
+            revision=int(found["header"]["revision"]),
+            responses=tuple(found.get("responses", ())),
+            resent=resent,
+        )
+
+    def read(self, ops: Iterable[Op]) -> Txn:
+        """Several reads at one revision (a transaction with no condition)."""
+        return self.txn(list(ops))
+
+    def grant(self, ttl: int) -> int:
+        found, _ = self.post("/lease/grant", {"TTL": ttl, "ID": 0})
+        return int(found["ID"])
+
+    def keep_alive(self, lease: int) -> bool:
+        """Renew a lease; False if the cluster has already expired (or revoked) it."""
+        found, _ = self.post("/lease/keepalive", {"ID": str(lease)})
+        return int(found.get("result", {}).get("TTL", 0)) > 0
+
+    def revoke(self, lease: int) -> None:
+        """End a lease, deleting every key attached to it (an unknown lease is no error)."""
+        try:
+            self.post("/kv/lease/revoke", {"ID": str(lease)})
+        except StoreError as exc:
+            if "not found" not in str(exc).lower():
+                raise
+
+    def watch(
+        self, prefix: str, on_event: Callable[[str, str], None], on_gap: Callable[[], None]
+    ) -> Watch:
+        return Watch(self._members, prefix, on_event, on_gap)
+
+    def close(self) -> None:
+        for member in self._members:
+            member.session.close()
+
+
+class Watch:
+    """One stream of the changes under ``prefix``, kept open by a daemon thread.
+
+    ``on_event(type, key)`` gets every change ("PUT" or "DELETE"); ``on_gap()`` is
+    called when changes may have been missed (the history was compacted).
+    """
+
+    def __init__(
+        self,
+        members: Sequence[Etcd3Client],
+        prefix: str,
+        on_event: Callable[[str, str], None],
+        on_gap: Callable[[], None],
+    ) -> None:
+        self._members = members
+        self._prefix = prefix
+        self._on_event = on_event
+        self._on_gap = on_gap
+        self._next: int | None = None  # the revision to resume from
+        self._created = threading.Event()
+        self._closed = False
+        self._response: requests.Response | None = None
+        self._thread = threading.Thread(target=self._run, name="lockwarden-etcd-watch", daemon=True)
+        self._thread.start()
+
+    def wait_created(self, timeout: float) -> bool:
+        """Whether the stream is open (events after this moment will arrive)."""
+        return self._created.wait(timeout)
+
+    def _run(self) -> None:
+        turn = 0
+        while not self._closed:
+            member = self._members[turn % len(self._members)]
+            turn += 1
+            try:
+                self._stream(member)
+            except Exception as exc:  # any break (reset, closed under us, garbage): resume
+                if not self._closed:
+                    log.info("etcd watch on %s broke, resuming: %s", member.base_url, exc)
+            if not self._closed:
+                time.sleep(0.05)
+
+    def _stream(self, member: Etcd3Client) -> None:
+        create: dict[str, Any] = {
+            "key": enc(self._prefix),
+            "range_end": enc(prefix_end(self._prefix)),
+        }
+        if self._next is not None:
+            create["start_revision"] = str(self._next)
+        # A silent member (paused, partitioned) must not hold the stream forever:
+        # after a minute without a byte, resume on another member.
+        response = member.session.post(
+            member.get_url("/watch"),
+            json={"create_request": create},
+            stream=True,
+            timeout=(CALL_TIMEOUT, 60.0),
+        )
+        self._response = response
+        with response:
+            for line in response.iter_lines():
+                if not line.strip():
+                    continue
+                result = json.loads(line)["result"]
+                header = int(result.get("header", {}).get("revision", 0))
+                if result.get("compact_revision"):
+                    self._next = None
+                    self._on_gap()
+                    return
+                if result.get("created"):
+                    if self._next is None:
+                        self._next = header + 1
+                    self._created.set()
+                for event in result.get("events", ()):
+                    kv = event["kv"]
+                    self._next = max(self._next or 0, int(kv.get("mod_revision", 0)) + 1)
+                    self._on_event(event.get("type", "PUT"), dec(kv["key"]))
+
+    def close(self) -> None:
+        self._closed = True
+        response = self._response
+        if response is not None:  # wake the thread blocked reading the stream
+            with contextlib.suppress(Exception):
+                sock = socket.fromfd(response.raw.fileno(), socket.AF_INET, socket.SOCK_STREAM)
+                sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            response.close()

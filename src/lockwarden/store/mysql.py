@@ -1,0 +1,603 @@
+"""The MySQL / MariaDB backend: bucket rows locked per name, doorbells rung by ``KILL QUERY``.
+
+The acquire algorithm runs client-side (`attempt`), statement by statement,
+in one InnoDB transaction at READ COMMITTED, like SQLite's; the statements
+are the shared ones of `queries`, rewritten where MySQL spells them
+differently (`_rewrite`). What is MySQL's own (design note, "MySQL and
+MariaDB"):
+
+- names are serialized by ``SELECT ... FOR UPDATE`` on rows of
+  ``lw_buckets``, one per bucket of names, taken in bucket order: row locks
+  end with the transaction, also when the client is killed, and InnoDB's
+  deadlock detector never sees a cycle between acquirers;
+- counters are rows of ``lw_meta`` advanced with ``LAST_INSERT_ID(expr)``;
+- wake-ups: every process that waits keeps one connection blocked in
+  ``SLEEP`` on its doorbell row; a releaser rings the doorbells of the
+  processes with waiters on its names and interrupts their ``SLEEP`` with
+  ``KILL QUERY``. No one polls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import re
+import secrets
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from functools import cache
+from typing import Any, Final, TypeVar
+
+from lockwarden.errors import StoreError
+from lockwarden.store import queries
+from lockwarden.store.attempt import Engine, attempt
+from lockwarden.store.backend import (
+    AcquireRequest,
+    Attempt,
+    Opening,
+    Params,
+    Pool,
+    Row,
+    Run,
+    SQLBackend,
+    jittered,
+)
+from lockwarden.store.pgconn import RETRY_DELAYS
+from lockwarden.store.plpgsql import BUCKETS, GRAPH_KEY
+from lockwarden.store.url import StoreURL, mysql_options
+
+Connection = Any  # the driver is untyped
+
+T = TypeVar("T")
+
+_NAP: Final = 600
+"""Seconds a doorbell ``SLEEP`` lasts when nobody rings (then it simply sleeps again)."""
+
+_KILLED: Final = 1317
+"""ER_QUERY_INTERRUPTED: a ``KILL QUERY`` arrived before the ``SLEEP`` began."""
+
+_TRANSIENT: Final = frozenset(
+    {
+        1205,  # lock wait timeout
+        1213,  # deadlock: InnoDB rolled the transaction back
+        1053,  # server shutdown in progress
+        1927,  # connection was killed
+        2002,  # cannot connect through the socket
+        2003,  # cannot connect to the server
+        2006,  # server has gone away
+        2013,  # lost connection during a query
+        4031,  # disconnected by the server (idle)
+    }
+)
+"""Errors after which a fresh connection may succeed (the transaction was rolled back)."""
+
+_COLLATION: Final = "utf8mb4_nopad_bin"
+"""Names compare byte for byte: ``_bin`` so case matters, ``nopad`` so trailing spaces do."""
+
+
+_NAME_COLUMN: Final = f"VARCHAR(512) CHARACTER SET utf8mb4 COLLATE {_COLLATION}"
+
+
+_TABLE_OPTIONS: Final = f" ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE={_COLLATION}"
+
+_RULES: Final[tuple[tuple[re.Pattern[str], str], ...]] = tuple(
+    (re.compile(pattern, re.DOTALL), replacement)
+    for pattern, replacement in (
+        # No TEXT type in a CAST.
+        (r"CAST\(NULL AS TEXT\)", "CAST(NULL AS CHAR)"),
+        # Upserts: MySQL names neither the conflicting key nor the new row.
+        (r"ON CONFLICT \(\w+\) DO UPDATE SET", "ON DUPLICATE KEY UPDATE"),
+        (r"\bexcluded\.(\w+)", r"VALUES(\1)"),
+        # KEY is a reserved word (the column of lw_meta is written in lower case).
+        (r"(?<!%\()\bkey\b", "`key`"),
+        # DDL: a key cannot be TEXT; a fence's value can be long. Every step can
+        # be run again: DDL commits at once, so a migration cut short is finished
+        # by the next one rather than rolled back.
+        (r"\bvalue TEXT\b", "value LONGTEXT"),
+        # Session and request ids are 32 hex digits; two of them and a name fit in a key.
+        (r"\b(id|request_id|session_id) TEXT\b", r"\1 VARCHAR(64)"),
+        (r"\bTEXT\b(?=[\s,)])", "VARCHAR(512)"),
+        (r"^\s*CREATE TABLE (?:IF NOT EXISTS )?(.*)\)\s*$", r"CREATE TABLE IF NOT EXISTS \1)"),
+        (r"^\s*CREATE INDEX (?:IF NOT EXISTS )?", "CREATE INDEX IF NOT EXISTS "),
+        (r"\bADD COLUMN (?!IF NOT EXISTS)", "ADD COLUMN IF NOT EXISTS "),
+    )
+)
+
+_DELETE_ALIAS: Final = re.compile(r"DELETE FROM (\w+) AS (\w+)\s")
+_UPDATE_RETURNING: Final = re.compile(r"^(\s*UPDATE\b.*?)\s+RETURNING\s+(.*)$", re.DOTALL)
+
+
+@cache
+def _rewrite(text: str) -> str:
+    """Shared SQL as MariaDB reads it (each rule says why it is needed)."""
+    # A single-table DELETE takes no alias: name the table instead.
+    if found := _DELETE_ALIAS.search(text):
+        table, alias = found.groups()
+        text = _DELETE_ALIAS.sub(f"DELETE FROM {table} ", text)
+        text = re.sub(rf"\b{alias}\.", f"{table}.", text)
+    for pattern, replacement in _RULES:
+        text = pattern.sub(replacement, text)
+    if text.lstrip().startswith("CREATE TABLE"):
+        text += _TABLE_OPTIONS
+    return text
+
+
+DIALECT: Final = queries.Dialect(
+    prefix="",  # the connection's database holds the store
+    # NOW(6) is the statement's start in UTC (the connection's time zone is
+    # '+00:00'); + 0E0 makes it a DOUBLE, as the columns are, not a DECIMAL.
+    now="(UNIX_TIMESTAMP(NOW(6)) + 0E0)",
+    started="0",  # every lock transaction commits durably: no restart to notice
+    in_names=(
+        "IN (SELECT j.name FROM JSON_TABLE(:names, '$[*]'"
+        f" COLUMNS (name {_NAME_COLUMN} PATH '$')) AS j)"
+    ),
+    items=(
+        "SELECT n.name, m.mode"
+        f" FROM JSON_TABLE(:names, '$[*]' COLUMNS (i FOR ORDINALITY, name {_NAME_COLUMN} PATH '$'))"
+        " AS n JOIN JSON_TABLE(:modes, '$[*]' COLUMNS (i FOR ORDINALITY, mode CHAR(1) PATH '$'))"
+        " AS m ON m.i = n.i"
+    ),
+    token=":first_token + row_number() OVER () - 1",
+    param="%({})s",
+    rewrite=_rewrite,
+)
+
+
+# -- MySQL's own statements ------------------------------------------------------
+
+
+_RESERVE: Final = "UPDATE lw_meta SET value = LAST_INSERT_ID(value + :n) WHERE key = :key"
+"""The new value comes back with the reply (as an insert id): one round trip."""
+
+
+_STEPS: Final = {
+    1: [
+        "INSERT INTO lw_meta (key, value) VALUES ('token', 0), ('seq', 0)",
+        # One row per bucket of names, and one (GRAPH_KEY) for deadlock checks.
+        "CREATE TABLE lw_buckets (id INTEGER PRIMARY KEY)",
+        "INSERT IGNORE INTO lw_buckets (id) VALUES "
+        + ", ".join(f"({i})" for i in range(GRAPH_KEY, BUCKETS)),
+        # One row per process that waits: its doorbell (`MySQLBackend._listen`).
+        """CREATE TABLE lw_doorbells (
+            id VARCHAR(32) PRIMARY KEY,
+            host VARCHAR(512) NOT NULL,
+            pid BIGINT NOT NULL,
+            conn_id BIGINT NOT NULL,
+            rings BIGINT NOT NULL
+        )""",
+        "CREATE INDEX lw_doorbells_process ON lw_doorbells (host, pid)",
+    ]
+}
+
+_DOORBELL_HANG: Final = (
+    "INSERT INTO lw_doorbells (id, host, pid, conn_id, rings)"
+    " VALUES (:me, :host, :pid, CONNECTION_ID(), 0)"
+    " ON DUPLICATE KEY UPDATE conn_id = CONNECTION_ID()"
+)
+_DOORBELL_LISTEN: Final = (
+    "SELECT rings, SLEEP(IF(rings = :seen, :nap, 0)) AS slept FROM lw_doorbells WHERE id = :me"
+)
+"""Reads the ring count and sleeps only if nobody rang since ``:seen``, in one statement:
+a ring committed before the read is seen, one committed after it finds the
+statement running and interrupts it (rings are committed before the KILL)."""
+
+_DOORBELL_REMOVE: Final = "DELETE FROM lw_doorbells WHERE id = :me"
+
+# Whose doorbells a release rings: processes with a waiter on one of the names.
+_WAITING_PROCESS: Final = (
+    "EXISTS (SELECT 1 FROM lw_waiters AS w JOIN lw_sessions AS s ON s.id = w.session_id"
+    " WHERE w.name {in_names} AND s.host = d.host AND s.pid = d.pid)"
+)
+_RING: Final = "UPDATE lw_doorbells AS d SET rings = rings + 1 WHERE d.id <> :me AND ({who})"
+_LISTENING: Final = (
+    "SELECT d.conn_id FROM lw_doorbells AS d"
+    " JOIN information_schema.PROCESSLIST AS p ON p.ID = d.conn_id"
+    " WHERE d.id <> :me AND ({who}) AND p.INFO LIKE '%lw_doorbells%'"
+)
+"""Connection ids are checked against the server's list right before the KILL:
+an id left by a dead process may, after a server restart, belong to anyone."""
+
+# Fences: MySQL's upsert can neither be conditional nor return rows, so the
+# fence's compare-and-set is a row lock and two statements.
+_FENCE_ENSURE: Final = (
+    "INSERT IGNORE INTO lw_fences (resource, token, written, value, updated_at)"
+    " VALUES (:resource, 0, 0, NULL, {now})"
+)
+_FENCE_LOCK: Final = (
+    "SELECT token, written, value FROM lw_fences WHERE resource = :resource FOR UPDATE"
+)
+_FENCE_SET: Final = (
+    "UPDATE lw_fences SET token = GREATEST(token, :token),"
+    " written = CASE WHEN :write THEN :token ELSE written END,"
+    " value = CASE WHEN :write THEN :value ELSE value END, updated_at = {now}"
+    " WHERE resource = :resource"
+)
+
+
+def _import_driver() -> Any:
+    try:
+        driver = importlib.import_module("MySQLdb")  # an optional dependency
+        importlib.import_module("MySQLdb.cursors")
+        importlib.import_module("MySQLdb.constants.CLIENT")
+    except ImportError as exc:
+        raise StoreError(
+            "MySQL stores need the mysqlclient driver: pip install 'lockwarden[mysql]'"
+        ) from exc
+    return driver
+
+
+def bucket(name: str) -> int:
+    """The bucket row that serializes requests for ``name``."""
+    return zlib.crc32(name.encode()) & (BUCKETS - 1)
+
+
+class MySQLBackend(SQLBackend):
+    dialect = DIALECT
+
+    def __init__(self, url: StoreURL, *, opening: Opening = "create") -> None:
+        super().__init__(url)
+        self._driver = _import_driver()
+        self._options = mysql_options(url.target)
+        self._pool: Pool[Connection] = Pool(self._connect, _close)
+        self._doorbell = secrets.token_hex(16)
+        self._closed = threading.Event()
+        self._listening = threading.Event()
+        self._listen_tried = threading.Event()
+        self._listen_error = ""
+        self._listen_conn: int | None = None
+        self._listener: threading.Thread | None = None
+        self._listener_lock = threading.Lock()
+        self._migrate((), _STEPS, opening)
+
+    def _connect(self) -> Connection:
+        CLIENT = self._driver.constants.CLIENT  # noqa: N806  (the driver's name)
+        options = dict(self._options)
+        ssl = {k[4:]: options.pop(k) for k in ("ssl_ca", "ssl_cert", "ssl_key") if k in options}
+        if options.pop("ssl", False) or ssl:
+            options["ssl_mode"] = "REQUIRED"
+        if ssl:
+            options["ssl"] = ssl
+        conn: Connection = self._driver.connect(
+            **options,
+            charset="utf8mb4",
+            autocommit=True,
+            cursorclass=self._driver.cursors.DictCursor,
+            # UPDATE reports the rows it matched, not only those it changed.
+            # MULTI_STATEMENTS: a transaction opens and locks its buckets in one round trip.
+            client_flag=CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS,
+            init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+        )
+        with conn.cursor() as cur:
+            # The database clock in UTC; strict: refuse rather than truncate.
+            cur.execute("SET time_zone = '+00:00', sql_mode = 'STRICT_ALL_TABLES'")
+        return conn
+
+    def _has_store(self) -> bool:
+        rows = self.query(
+            "SELECT 1 AS found FROM information_schema.tables"
+            " WHERE table_schema = DATABASE() AND table_name = 'lw_meta'"
+        )
+        return bool(rows)
+
+    # -- running statements ----------------------------------------------------------
+
+    def _run(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` on a pooled connection; retry it on a fresh one after a transient error."""
+        for delay in (*RETRY_DELAYS, None):
+            try:
+                with self._pool.connection() as conn:
+                    return work(conn)
+            except self._driver.Error as exc:
+                code = exc.args[0] if exc.args else None
+                if delay is None or code not in _TRANSIENT:
+                    raise StoreError(f"lock store {self.url.display}: {_describe(exc)}") from exc
+                self.stats.add("retries")
+                time.sleep(jittered(delay))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _execute(self, conn: Connection, text: str, params: Params | None = None) -> list[Row]:
+        self.stats.add("statements")
+        bound = _bound(params or {})
+        with conn.cursor() as cur:
+            if returning := _UPDATE_RETURNING.match(text):
+                # No UPDATE ... RETURNING: the shared statements return only
+                # constants from an UPDATE, one row per row it matched.
+                matched: int = cur.execute(returning[1], bound)
+                if not matched:
+                    return []
+                cur.execute(f"SELECT {returning[2]}", bound)
+                constants: list[Row] = list(cur.fetchall())
+                return constants * matched
+            cur.execute(text, bound)
+            rows: list[Row] = list(cur.fetchall()) if cur.description else []
+            return rows
+
+    def _transaction(self, work: Callable[[Connection, Run], T], names: Sequence[str] = ()) -> T:
+        """Run ``work`` in one transaction, first locking the bucket rows of ``names``.
+
+        The rows are locked in bucket order (so acquirers never deadlock on
+        them), by the statement that opens the transaction (one round trip).
+        """
+        begin = _begin(names)
+
+        def run_in(conn: Connection) -> T:
+            def run(sql: str, params: Params | None = None) -> list[Row]:
+                return self._execute(conn, self.dialect.render(sql), params)
+
+            self.stats.add("statements")
+            with conn.cursor() as cur:
+                cur.execute(begin)
+                while cur.nextset():
+                    pass
+            result = work(conn, run)
+            self._execute(conn, "COMMIT")
+            return result
+
+        return self._run(run_in)
+
+    def _in_transaction(self, work: Callable[[Run], T]) -> T:
+        """Migrations: one process at a time, under a named lock (DDL commits as it goes)."""
+        database = str(self._options["database"])
+        key = "lockwarden-" + hashlib.sha1(database.encode()).hexdigest()[:40]
+
+        def run_in(conn: Connection) -> T:
+            def run(sql: str, params: Params | None = None) -> list[Row]:
+                return self._execute(conn, self.dialect.render(sql), params)
+
+            got = self._execute(conn, "SELECT GET_LOCK(%(key)s, 60) AS got", {"key": key})
+            if not got[0]["got"]:
+                raise StoreError(
+                    f"lock store {self.url.display}: another process has been creating or "
+                    "upgrading the tables for a minute; try again"
+                )
+            try:
+                return work(run)
+            finally:
+                self._execute(conn, "DO RELEASE_LOCK(%(key)s)", {"key": key})
+
+        return self._run(run_in)
+
+    def _engine(self, conn: Connection) -> Engine:
+        def reserve(run: Run, counter: str, n: int) -> int:
+            self.stats.add("statements")
+            with conn.cursor() as cur:
+                cur.execute(self.dialect.render(_RESERVE), {"key": counter, "n": n})
+                last: int = cur.lastrowid
+            return last - n + 1
+
+        return Engine(reserve=reserve, lock_graph=self._lock_graph)
+
+    def _lock_graph(self, run: Run) -> None:
+        run("SELECT id FROM lw_buckets WHERE id = :graph FOR UPDATE", {"graph": GRAPH_KEY})
+
+    def query(self, sql: str, params: Params | None = None, *, write: bool = False) -> list[Row]:
+        if sql is queries.FENCE_ADVANCE:
+            return self._fence_advance(params or {})
+        text = self.dialect.render(sql)
+        return self._run(lambda conn: self._execute(conn, text, params))
+
+    def change(self, statements: Sequence[str], params: Params) -> list[list[str | None]]:
+        def work(conn: Connection, run: Run) -> tuple[list[list[str | None]], int]:
+            found = [[row["name"] for row in run(sql, params)] for sql in statements]
+            if not any(name is not None for names in found for name in names):
+                return found, 0
+            # These changes do not lock the names' buckets, so a waiter may be
+            # queueing unseen right now: every doorbell rings (as PostgreSQL's
+            # NOTIFY reaches every listener), and each process looks.
+            return found, self._ring(conn, "TRUE", {})
+
+        found, rung = self._transaction(work)
+        self.wakeups.wake({name for names in found for name in names if name is not None})
+        if rung:
+            self._knock("TRUE", {})
+        return found
+
+    def _fence_advance(self, params: Params) -> list[Row]:
+        def work(conn: Connection, run: Run) -> list[Row]:
+            run(_FENCE_ENSURE, params)
+            row = run(_FENCE_LOCK, params)[0]
+            newest: int = row["token"] if params["write"] else row["written"]
+            if newest > int(params["token"]):  # type: ignore[call-overload]
+                return []
+            if params.get("request") is not None and not run(queries.FENCE_HELD, params)[0]["n"]:
+                return []  # the access carries its lock, and the lock is gone
+            run(_FENCE_SET, params)
+            return run(queries.FENCE_READ, params)
+
+        return self._transaction(work)
+
+    # -- the lock algorithm ----------------------------------------------------------
+
+    def acquire(self, request: AcquireRequest) -> Attempt:
+        self.stats.add("attempts")
+        woken: set[str] = set()
+
+        def work(conn: Connection, run: Run) -> tuple[Attempt, int]:
+            woken.clear()  # a retried transaction starts afresh
+            found = attempt(run, request, woken, self._engine(conn))
+            assert found is not None  # allowed to write, every path ends in an Attempt
+            # Reclaimed or refused under the names' locks: ring only who waits.
+            rung = self._ring(conn, _WAITING_PROCESS, {"names": sorted(woken)}) if woken else 0
+            return found, rung
+
+        found, rung = self._transaction(work, request.names)
+        if woken:
+            self.wakeups.wake(woken)
+        if rung:
+            self._knock(_WAITING_PROCESS, {"names": sorted(woken)})
+        return found
+
+    def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
+        params = {"session": session_id, "request": request_id, "names": names}
+        # The whole transaction in one round trip: begin and lock the buckets,
+        # delete the grant and the queue entries, ring, commit. Holding the
+        # names' locks, no waiter can queue unseen between the ring and the
+        # commit, so a release nobody waits for knocks on no door.
+        text = "; ".join(
+            (
+                _begin(names),
+                self.dialect.render(queries.RELEASE),
+                self.dialect.render(queries.DEQUEUE),
+                self.dialect.render(_RING.format(who=_WAITING_PROCESS)),
+                "COMMIT",
+            )
+        )
+        bound = _bound({**params, "me": self._doorbell})
+        sent = 0
+
+        def work(conn: Connection) -> tuple[int, int]:
+            nonlocal sent
+            sent += 1
+            self.stats.add("statements")
+            found: list[tuple[int, int]] = []  # each statement's (rows returned, rows changed)
+            with conn.cursor() as cur:
+                cur.execute(text, bound)
+                while True:
+                    found.append((len(cur.fetchall()) if cur.description else 0, cur.rowcount))
+                    if not cur.nextset():
+                        break
+            released, rung = found[-4][0], found[-2][1]
+            return released, rung
+
+        deleted, rung = self._run(work)
+        self.wakeups.wake(names)
+        if rung:
+            self._knock(_WAITING_PROCESS, params)
+        # As on PostgreSQL: a release resent after its connection dropped finds
+        # nothing when the first one committed, and counts as released.
+        return len(names) if sent > 1 and deleted == 0 else deleted
+
+    # -- wake-ups --------------------------------------------------------------------
+
+    def _ring(self, conn: Connection, who: str, params: Params) -> int:
+        """Ring the doorbells of other processes (``who``: which) in the transaction on
+        ``conn``; returns how many rang. Their listeners see it once it commits."""
+        self.stats.add("statements")
+        text = self.dialect.render(_RING.format(who=who))
+        with conn.cursor() as cur:
+            rung: int = cur.execute(text, _bound({**params, "me": self._doorbell}))
+        return rung
+
+    def _knock(self, who: str, params: Params) -> None:
+        """After the ring committed: interrupt the sleep of the doorbells' listeners."""
+        bound = {**params, "me": self._doorbell}
+        for row in self.query(_LISTENING.format(who=who), bound):
+            try:
+                self.query(f"KILL QUERY {int(row['conn_id'])}")
+            except StoreError:
+                # Gone meanwhile, or (another database user) not ours to kill: that
+                # process finds the ring when its listener next reads its doorbell.
+                self.stats.add("rings_unheard")
+
+    def _watch(self) -> None:
+        if self._listening.is_set():
+            return
+        with self._listener_lock:
+            if self._listener is None:
+                self._listener = threading.Thread(
+                    target=self._listen, name="lockwarden-doorbell", daemon=True
+                )
+                self._listener.start()
+        # The doorbell must hang before a waiter's first attempt, or a release
+        # committed in between would not ring it.
+        self._listen_tried.wait()
+        if not self._listening.is_set():
+            raise StoreError(
+                f"lock store {self.url.display}: cannot listen for wake-ups: {self._listen_error}"
+            )
+
+    def _listen(self) -> None:
+        me = {"me": self._doorbell}
+        failures = 0
+        while not self._closed.is_set():
+            try:
+                conn = self._connect()
+                try:
+                    self._execute(
+                        conn,
+                        DIALECT.render(_DOORBELL_HANG),
+                        {**me, "host": socket.gethostname(), "pid": os.getpid()},
+                    )
+                    self._listen_conn = conn.thread_id()
+                    seen = self._listen_once(conn, None)
+                    # Rings while nobody listened were missed: everyone looks again.
+                    self.wakeups.wake_all()
+                    self._listening.set()
+                    self._listen_tried.set()
+                    failures = 0
+                    while not self._closed.is_set():
+                        now = self._listen_once(conn, seen)
+                        if now != seen:  # rung (None: interrupted before reading the count)
+                            seen = seen if now is None else now
+                            self.wakeups.wake_all()
+                finally:
+                    conn.close()
+            except self._driver.Error as exc:
+                self._listen_error = _describe(exc)
+                self._listen_tried.set()
+                self.stats.add("listener_reconnects")
+                self.wakeups.wake_all()  # let waiters look (and meet the trouble themselves)
+                failures += 1
+                self._closed.wait(min(0.05 * 2**failures, 2.0))
+
+    def _listen_once(self, conn: Connection, seen: int | None) -> int | None:
+        """Sleep on the doorbell until it rings (``seen``: the count last seen; None: just
+        read it). Returns the ring count, or None if the sleep was cut short unread."""
+        try:
+            rows = self._execute(
+                conn,
+                DIALECT.render(_DOORBELL_LISTEN),
+                {"me": self._doorbell, "seen": -1 if seen is None else seen, "nap": _NAP},
+            )
+        except self._driver.OperationalError as exc:
+            if exc.args and exc.args[0] == _KILLED:
+                return None
+            raise
+        if not rows:  # someone removed our doorbell: hang it again
+            raise self._driver.OperationalError(2013, "the doorbell row disappeared")
+        rings: int = rows[0]["rings"]
+        return rings
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._listener is not None:
+            if self._listen_conn is not None:
+                with suppress(StoreError):  # already gone
+                    self.query(f"KILL QUERY {int(self._listen_conn)}")
+            self._listener.join(timeout=5.0)
+            with suppress(StoreError):  # the server is gone: the row stays, never rung
+                self.query(_DOORBELL_REMOVE, {"me": self._doorbell})
+        self._pool.close()
+
+
+def _begin(names: Sequence[str]) -> str:
+    """Open a transaction and lock the bucket rows of ``names`` (in bucket order, so that
+    acquirers never deadlock on them), in one round trip."""
+    if not names:
+        return "START TRANSACTION"
+    ids = ", ".join(map(str, sorted({bucket(name) for name in names})))
+    lock = f"SELECT id FROM lw_buckets WHERE id IN ({ids}) ORDER BY id FOR UPDATE"
+    return f"START TRANSACTION; {lock}"
+
+
+def _bound(params: Params) -> dict[str, object]:
+    """Lists (a request's names and modes) travel as JSON text, read by JSON_TABLE."""
+    return {k: json.dumps(v) if isinstance(v, list | tuple) else v for k, v in params.items()}
+
+
+def _close(conn: Connection) -> None:
+    conn.close()
+
+
+def _describe(exc: Exception) -> str:
+    args = exc.args
+    if len(args) == 2:  # the driver's (code, message)
+        return f"({args[0]}) {args[1]}"
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,181 @@
+"""A PostgreSQL store's connections: one bounded pool, retries with jitter.
+
+Connections per process, per store: at most `POOL_SIZE` pooled ones (one
+kept open while idle, the others closed after `POOL_IDLE` seconds unused),
+plus the LISTEN connection while anyone waits, plus one short-lived
+connection when the store is opened (which reports a bad URL, password or
+host at once, with the server's reason, instead of after the pool's wait,
+and runs the first statement while the pool opens).
+A caller that finds every pooled connection busy waits up to `POOL_WAIT`
+seconds for one; the pool keeps trying to reconnect in the background
+(psycopg_pool, with its own jittered backoff) while the server is away.
+
+A statement that failed for a reason that may pass — the connection broke,
+the server refused it for now (53300 too many clients, 57P03 starting up or
+shutting down, any 08 connection failure), or a serialization failure or
+deadlock rolled the transaction back — is tried again on another connection
+after `RETRY_DELAYS`, each scaled by a random factor (`jittered`), so that a
+fleet of clients does not come back in step after a restart. Then the caller
+gets one `StoreError` naming the store (without password) and the cause, with
+every form of the password removed from the driver's message.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from contextlib import closing
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from lockwarden.errors import StoreError
+from lockwarden.store import process
+from lockwarden.store.backend import jittered
+from lockwarden.store.url import StoreURL, import_psycopg
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import ConnectionPool
+
+    Connection = psycopg.Connection[dict[str, Any]]
+
+T = TypeVar("T")
+
+POOL_SIZE = 4
+"""The most pooled connections a store opens: threads beyond that take turns."""
+POOL_WAIT = 10.0
+"""Seconds a statement waits for a pooled connection before failing with `StoreError`."""
+POOL_IDLE = 60.0
+"""Seconds an idle pooled connection above the first is kept."""
+RETRY_DELAYS = (0.05, 0.2, 0.8)
+"""Pauses (before jitter) before each retry of a statement that failed transiently."""
+
+_TRANSIENT = ("08", "57P", "53300", "40001", "40P01")
+"""SQLSTATEs (or their classes) worth another try: connection failures, the server
+starting or stopping, too many clients, serialization failure, deadlock detected."""
+
+
+def describe(url: StoreURL, exc: BaseException) -> str:
+    """The first line of a driver's message, with the URL's secrets removed."""
+    lines = str(exc).strip().splitlines()
+    return url.redact(lines[0]) if lines else type(exc).__name__
+
+
+class Connections:
+    """The pool and the retry rule of one PostgreSQL store.
+
+    Like `backend.Pool`, they belong to the process that made them: a forked
+    child that uses them gets `LockUsageError` (its copies of the parent's
+    connections and of the pool's worker thread are the parent's, or gone).
+    """
+
+    def __init__(self, url: StoreURL) -> None:
+        self.url = url
+        self._pid = os.getpid()
+        self._psycopg = import_psycopg()
+        from psycopg.rows import dict_row  # noqa: PLC0415  (an optional dependency)
+        from psycopg_pool import ConnectionPool  # noqa: PLC0415
+
+        self._kwargs: dict[str, Any] = {"autocommit": True, "row_factory": dict_row}
+        # Fails fast, with the server's reason, when the store cannot be reached at
+        # all; then serves the first statement (the migration) while the pool opens.
+        self._first: Connection | None = self.connect()
+        self._first_lock = threading.Lock()
+        self._last_error = ""
+        connections = self
+
+        # Defined here: psycopg_pool is imported only by stores that use PostgreSQL.
+        class Pool(ConnectionPool["Connection"]):
+            def _connect(self, timeout: float | None = None) -> Connection:
+                try:
+                    conn = super()._connect(timeout)
+                except Exception as exc:  # why the pool is empty, for `run`'s message
+                    connections._last_error = describe(url, exc)
+                    raise
+                connections._last_error = ""
+                return conn
+
+        self._pool: ConnectionPool[Connection] = Pool(
+            url.target,
+            connection_class=self._psycopg.Connection,
+            kwargs=self._kwargs,
+            min_size=1,
+            max_size=POOL_SIZE,
+            timeout=POOL_WAIT,
+            max_idle=POOL_IDLE,
+            num_workers=1,
+            name=f"lockwarden {url.display}",
+            open=True,
+        )
+
+    def connect(self, *, retry: bool = True) -> Connection:
+        """A connection of its own (not pooled), retried like a statement unless ``retry``
+        is false; `StoreError` if none can be had."""
+        for delay in (*(RETRY_DELAYS if retry else ()), None):
+            try:
+                conn: Connection = self._psycopg.connect(self.url.target, **self._kwargs)
+            except self._psycopg.Error as exc:
+                if delay is None or not _transient(exc, None):
+                    raise self.error(exc) from None
+                time.sleep(jittered(delay))
+            else:
+                return conn
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def run(self, work: Callable[[Connection], T], on_retry: Callable[[], object]) -> T:
+        """Run ``work`` on a pooled connection; retry it on another if it failed transiently."""
+        from psycopg_pool import PoolTimeout  # noqa: PLC0415
+
+        if os.getpid() != self._pid:
+            raise process.forked_from(self._pid)
+        for delay in (*RETRY_DELAYS, None):
+            conn: Connection | None = None
+            try:
+                with self._first_lock:
+                    conn, self._first = self._first, None
+                if conn is not None:
+                    with closing(conn):
+                        return work(conn)
+                with self._pool.connection() as conn:
+                    return work(conn)
+            except PoolTimeout as exc:  # the pool has been reconnecting all this time
+                why = self._last_error or f"all {POOL_SIZE} connections of this store were busy"
+                raise StoreError(
+                    f"lock store {self.url.display}: no connection within {POOL_WAIT:g} s: {why}"
+                ) from exc
+            except self._psycopg.Error as exc:
+                if delay is None or not _transient(exc, conn):
+                    raise self.error(exc) from None
+                on_retry()
+                time.sleep(jittered(delay))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def error(self, exc: BaseException) -> StoreError:
+        """The `StoreError` for a driver's failure: the store and the cause, no secret.
+
+        Raised ``from None``: the driver's exception, and its message, stay out of
+        tracebacks and logs.
+        """
+        return StoreError(f"lock store {self.url.display}: {describe(self.url, exc)}")
+
+    def close(self) -> None:
+        with self._first_lock:
+            first, self._first = self._first, None
+        if first is not None:
+            first.close()
+        self._pool.close()
+
+
+def _transient(exc: Exception, conn: Connection | None) -> bool:
+    """Whether trying again on another connection may succeed.
+
+    Not: bad credentials, bad SQL, a full disk — only what the table above names,
+    or a connection that broke under the statement.
+    """
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate is not None and sqlstate.startswith(_TRANSIENT):
+        return True
+    if conn is not None:
+        return bool(conn.closed or conn.broken)
+    return sqlstate is None  # could not connect, and the server said nothing: refused, reset

@@ -1,0 +1,95 @@
+"""Which process on this machine opened a session, told apart from a later one with its pid.
+
+A session records, beside host and pid, the process's **identity**: the
+kernel's boot id, the pid namespace and the pid's start time (field 22 of
+``/proc/<pid>/stat``, in clock ticks since boot). A pid is reused once its
+process is gone, so the pid alone cannot say that the holder is alive; the
+three together can. An acquirer whose own identity shows the same boot and
+pid namespace as a holder's can therefore look at ``/proc`` and know, not
+guess, that the holder is gone: then it marks that session expired at once
+instead of waiting out the TTL (design note, "A holder whose process is gone").
+
+Only Linux has all three; elsewhere (or when ``/proc`` is hidden) the identity
+is None and the TTL alone judges, as for a holder on another host.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+from lockwarden.errors import LockUsageError
+
+_GONE_STATES = frozenset("ZXx")
+"""A zombie (exited, not yet reaped) or dead process no longer runs the session."""
+
+
+def _stat(pid: int) -> tuple[str, str] | None:
+    """The state and start time of ``pid``, or None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode("ascii", "replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # Field 2 (the command) is in parentheses and may hold spaces or ")":
+    # the fields after the last ")" start with field 3 (the state).
+    rest = text.rsplit(")", 1)[1].split()
+    return rest[0], rest[22 - 3]
+
+
+@cache
+def _machine() -> str | None:
+    """This boot of this kernel, and our pid namespace: where a pid means one process."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+    return f"{boot}/{namespace}"
+
+
+def identity(pid: int | None = None) -> str | None:
+    """The identity of process ``pid`` (default: this one), or None where it cannot be known."""
+    machine = _machine()
+    try:
+        found = _stat(os.getpid() if pid is None else pid)
+    except OSError:
+        return None
+    if machine is None or found is None:
+        return None
+    return f"{machine}/{found[1]}"
+
+
+def local(row: Mapping[str, Any]) -> bool:
+    """Whether the session of ``row`` (with ``pid_start``) was opened on this machine,
+    in our pid namespace, where its pid can be looked up."""
+    recorded = row.get("pid_start")
+    machine = _machine()
+    return recorded is not None and machine is not None and recorded.startswith(machine + "/")
+
+
+def gone(row: Mapping[str, Any]) -> bool:
+    """Whether the process that opened the session of ``row`` (``pid``, ``pid_start``)
+    has certainly ended: it ran on this machine, and its pid now names no
+    process, a zombie, or a process started later."""
+    if not local(row):
+        return False  # another host, boot or pid namespace: only the TTL can tell
+    try:
+        found = _stat(int(row["pid"]))
+    except OSError:
+        return False  # cannot look (permissions): take it as alive
+    if found is None or found[0] in _GONE_STATES:
+        return True
+    return bool(row["pid_start"] != f"{_machine()}/{found[1]}")
+
+
+def forked_from(pid: int) -> LockUsageError:
+    """The error for using, in a forked child, a store that process ``pid`` opened."""
+    return LockUsageError(
+        f"this lock store was opened by process {pid}, which this process was forked "
+        "from; its sessions and locks are the parent's. Open a store of this process's "
+        "own with lockwarden.connect(url)."
+    )

@@ -1,0 +1,134 @@
+"""A forked child opens its own store; its parent's stores and sessions stay the parent's."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import lockwarden
+from lockwarden.store import Store
+
+
+def _in_child(store: Store, session: lockwarden.store.Session, url: str) -> dict[str, Any]:
+    """What a forked child finds: the inherited objects refuse, a store of its own works."""
+    found: dict[str, Any] = {}
+    for what, use in {
+        "lock": lambda: session.lock("other", timeout=0),
+        "release": lambda: session.release(session.held[0]),
+        "new session": lambda: store.session(app_id="child"),
+        "locks": store.locks,
+    }.items():
+        try:
+            use()
+        except lockwarden.LockUsageError as exc:
+            found[what] = "forked" if "forked" in str(exc) else str(exc)
+    session.close()  # the parent's: only forgotten here
+    store.close()
+    with lockwarden.connect(url) as own, own.session(app_id="child", ttl=0.6) as s:
+        found["parent's lock busy"] = s.try_lock("parent") is None
+        lock = s.lock("child")
+        import time  # noqa: PLC0415
+
+        time.sleep(1.5)  # longer than the TTL: the child's own heartbeat keeps it
+        lock.check()
+        found["token"] = lock.token
+    return found
+
+
+def test_os_fork_child_uses_its_own_store_and_leaves_the_parents(url: str) -> None:
+    store = lockwarden.connect(url)
+    session = store.session(app_id="parent", ttl=5)
+    mine = session.lock("parent")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover  (the child reports through the pipe)
+        try:
+            os.close(read)
+            report = _in_child(store, session, url)
+        except BaseException as exc:
+            report = {"error": repr(exc)}
+        os.write(write, json.dumps(report).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        report = json.loads(pipe.read())
+    os.waitpid(pid, 0)
+    assert report.pop("token") > mine.token  # a lock of the child's own store
+    assert report == {
+        "lock": "forked",
+        "release": "forked",
+        "new session": "forked",
+        "locks": "forked",
+        "parent's lock busy": True,
+    }
+    # Nothing the child did reached the parent's connections or locks.
+    mine.check()
+    assert [e.name for e in store.locks()] == ["parent"]
+    assert store.stats["retries"] == 0
+    session.close()
+    store.close()
+
+
+def _worker(url: str, results: Any) -> None:
+    try:
+        with lockwarden.connect(url) as own, own.session(app_id="worker") as s:
+            busy = s.try_lock("parent") is None
+            with s.lock(f"w{os.getpid()}"):
+                results.put(("ok", busy))
+    except BaseException as exc:
+        results.put(("error", repr(exc)))
+
+
+def test_multiprocessing_fork_workers_open_their_own_stores(url: str) -> None:
+    ctx = multiprocessing.get_context("fork")
+    with lockwarden.connect(url) as store, store.session(app_id="parent") as s:
+        mine = s.lock("parent")
+        results = ctx.Queue()
+        workers = [ctx.Process(target=_worker, args=(url, results)) for _ in range(3)]
+        for w in workers:
+            w.start()
+        got = [results.get(timeout=60) for _ in workers]
+        for w in workers:
+            w.join(60)
+            assert w.exitcode == 0
+        assert got == [("ok", True)] * 3
+        mine.check()
+        assert store.stats["retries"] == 0
+
+
+CHILD_EXITS_NORMALLY = """
+import gc, json, os, sys, lockwarden
+store = lockwarden.connect(sys.argv[1])
+session = store.session(app_id="parent", ttl=5)
+lock = session.lock("parent")
+store.locks()  # a connection idle in the pool when the child is forked
+pid = os.fork()
+if pid == 0:
+    with store, session:  # leaving them in the child only forgets them
+        pass
+    del store, session, lock
+    gc.collect()  # the inherited connections are freed in the child
+    sys.exit(0)  # atexit and the interpreter's teardown run here, in the child
+os.waitpid(pid, 0)
+lock.check()
+print(json.dumps({"retries": store.stats["retries"], "names": [e.name for e in store.locks()]}))
+"""
+
+
+def test_a_child_exiting_normally_neither_releases_nor_disturbs_the_parents_locks(
+    url: str,
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(CHILD_EXITS_NORMALLY), url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"retries": 0, "names": ["parent"]}

@@ -1,0 +1,161 @@
+"""Grant on release (both SQL backends): the release lets the compatible heads of the queue in.
+
+Waiters are queued here through the backend, without a thread waiting, so that what the
+release itself granted can be read from the tables the moment it returns.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import lockwarden
+from lockwarden import Deadlock, LockTimeout
+from lockwarden.store import Session, Store
+from lockwarden.store.backend import AcquireRequest
+from lockwarden.store.wakeups import Subscription
+
+from .conftest import Background, pg_admin, stop_heartbeat, wait_for
+
+
+@pytest.fixture(params=["pg_url", "sqlite_url"])
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    s = lockwarden.connect(request.getfixturevalue(request.param))
+    yield s
+    s.close()
+
+
+def enqueue(session: Session, items: dict[str, str], wait: float | None = None) -> str:
+    """Queue a request for ``items`` (name: "S" or "X"); its request id."""
+    request_id = secrets.token_hex(16)
+    attempt = session._backend.acquire(
+        AcquireRequest(
+            session.id, request_id, tuple(items), tuple(items.values()), True, False, wait
+        )
+    )
+    assert attempt.status == "blocked"
+    return request_id
+
+
+def holders(store: Store, name: str) -> list[tuple[str, str]]:
+    return [(e.holder.app_id, e.mode.value) for e in store.locks(name)]
+
+
+def queued(store: Store, name: str) -> list[str]:
+    return [w.app_id for w in store.waiters(name)]
+
+
+def test_readers_at_the_head_share_the_grant_and_a_writer_waits(store: Store) -> None:
+    h, r1, r2, w3, r4 = (store.session(app_id=a) for a in ("h", "r1", "r2", "w3", "r4"))
+    held = h.lock("doc")
+    ids = {
+        s.app_id: enqueue(s, {"doc": m}) for s, m in ((r1, "S"), (r2, "S"), (w3, "X"), (r4, "S"))
+    }
+    subs = {app: Subscription(frozenset(), request_id) for app, request_id in ids.items()}
+    for sub in subs.values():
+        store._backend.wakeups.add(sub)
+    if store.url.startswith("postgresql"):
+        with pg_admin() as listener:
+            listener.execute(f"LISTEN lw_{r1.id[-16:]}")
+            held.release()
+            notes = sorted(n.payload.split()[0] for n in listener.notifies(timeout=1.0))
+        assert notes == sorted([ids["r1"], ids["r2"]])  # exactly the granted, nobody else
+    else:
+        held.release()
+    assert holders(store, "doc") == [("r1", "S"), ("r2", "S")]
+    assert queued(store, "doc") == ["w3", "r4"]
+    tokens = {e.holder.app_id: (e.token,) for e in store.locks("doc")}
+    for app in ("r1", "r2"):  # the granted are told their tokens: they hold the lock
+        assert subs[app].wait(5.0) == tokens[app]
+    for app in ("w3", "r4"):
+        assert subs[app].wait(0.1) is None
+    assert store._backend.release(r1.id, ids["r1"], ["doc"]) == 1
+    assert holders(store, "doc") == [("r2", "S")]  # the writer still waits for r2
+    store._backend.release(r2.id, ids["r2"], ["doc"])
+    assert holders(store, "doc") == [("w3", "X")]
+    store._backend.release(w3.id, ids["w3"], ["doc"])
+    assert holders(store, "doc") == [("r4", "S")]
+    assert queued(store, "doc") == []
+
+
+def test_tokens_of_grants_on_release_keep_growing(store: Store) -> None:
+    h, w = store.session(app_id="h"), store.session(app_id="w")
+    held = h.lock("tok")
+    request = enqueue(w, {"tok": "X"})
+    held.release()
+    [entry] = store.locks("tok")
+    assert entry.token > held.token
+    store._backend.release(w.id, request, ["tok"])
+    assert h.lock("tok").token > entry.token
+
+
+def test_permit_caps_bound_the_grant(store: Store) -> None:
+    store.set_permits("pool", read=2)
+    h = store.session(app_id="h")
+    held = h.lock("pool")
+    for app in ("a", "b", "c"):
+        enqueue(store.session(app_id=app), {"pool": "S"})
+    held.release()
+    assert holders(store, "pool") == [("a", "S"), ("b", "S")]
+    assert queued(store, "pool") == ["c"]
+
+
+def test_a_multi_lock_waiter_is_granted_all_or_nothing(store: Store) -> None:
+    h1, h2, m, s = (store.session(app_id=a) for a in ("h1", "h2", "m", "s"))
+    on_a, on_b = h1.lock("ma"), h2.lock("mb")
+    multi = enqueue(m, {"ma": "X", "mb": "X"})
+    enqueue(s, {"ma": "X"})
+    on_a.release()
+    assert store.locks("ma") == [] and holders(store, "mb") == [("h2", "X")]
+    assert queued(store, "ma") == ["m", "s"]  # FIFO: s stays behind the multi-lock
+    on_b.release()
+    assert holders(store, "ma") == [("m", "X")] and holders(store, "mb") == [("m", "X")]
+    store._backend.release(m.id, multi, ["ma", "mb"])
+    assert holders(store, "ma") == [("s", "X")] and store.locks("mb") == []
+
+
+def test_waiters_of_dead_sessions_or_past_their_deadline_are_passed_over(store: Store) -> None:
+    h, dead, late, live = (store.session(app_id=a, ttl=0.6) for a in ("h", "dead", "late", "live"))
+    held = h.lock("skip")
+    enqueue(dead, {"skip": "X"})
+    enqueue(late, {"skip": "X"}, wait=0.3)
+    enqueue(live, {"skip": "X"})
+    stop_heartbeat(dead)
+    time.sleep(0.8)  # dead is stale, late's wait is over
+    held.release()
+    assert holders(store, "skip") == [("live", "X")]
+
+
+def test_abandoning_a_request_gives_back_a_grant_made_meanwhile(store: Store) -> None:
+    """A waiter that times out or is cancelled as a release grants it: its abandon (the
+    release call) deletes the grant and passes the lock on."""
+    h, gone, next_ = (store.session(app_id=a) for a in ("h", "gone", "next"))
+    held = h.lock("race")
+    abandoned = enqueue(gone, {"race": "X"})
+    enqueue(next_, {"race": "X"})
+    held.release()
+    assert holders(store, "race") == [("gone", "X")]
+    assert store._backend.release(gone.id, abandoned, ["race"]) == 1
+    assert holders(store, "race") == [("next", "X")]
+
+
+def test_a_grant_that_completes_a_cycle_is_still_refused(store: Store) -> None:
+    """a holds L1 and waits for L2 behind s's request; s then waits for L1 while holding
+    nothing (no check then). When the release of L2 grants s, a must look again: its
+    attempt finds the cycle."""
+    h, a, s = (store.session(app_id=x, ttl=30) for x in ("h", "a", "s"))
+    on_l2 = h.lock("L2")
+    with pytest.raises(LockTimeout):  # the listener starts now, not while a waits
+        a.lock("L2", timeout=0.1)
+    a.lock("L1")
+    enqueue(s, {"L2": "X"})
+    waiting = Background(lambda: a.lock("L2", timeout=20))
+    wait_for(lambda: len(store.waiters("L2")) == 2, what="a to queue behind s")
+    time.sleep(0.3)  # a has made its attempts: it waits, and looks again only when told
+    enqueue(s, {"L1": "X"})
+    on_l2.release()
+    with pytest.raises(Deadlock):
+        waiting.result(timeout=10)

@@ -1,0 +1,100 @@
+"""Wake-ups in one process: by name and by request, none lost before a waiter subscribes."""
+
+from __future__ import annotations
+
+import time
+
+from lockwarden.store.wakeups import Subscription, Wakeups
+
+
+def _wakeups() -> Wakeups:
+    return Wakeups(lambda: None)
+
+
+def test_a_grant_reaches_only_the_request_it_names() -> None:
+    wakeups = _wakeups()
+    mine, other = Subscription(frozenset({"n"}), "r1"), Subscription(frozenset({"n"}), "r2")
+    for sub in (mine, other):
+        wakeups.add(sub)
+    wakeups.address("r1", (7,))
+    assert mine.wait(0) == (7,)
+    started = time.monotonic()
+    assert other.wait(0.05) is None  # not woken: it waited its whole timeout
+    assert time.monotonic() - started >= 0.04
+
+
+def test_a_request_told_to_look_again_gets_no_tokens() -> None:
+    wakeups = _wakeups()
+    sub = Subscription(frozenset({"n"}), "r1")
+    wakeups.add(sub)
+    wakeups.address("r1", None)
+    started = time.monotonic()
+    assert sub.wait(1.0) is None
+    assert time.monotonic() - started < 0.5  # woken at once
+
+
+def test_wake_ups_before_the_subscription_are_replayed_from_the_attempt_on() -> None:
+    """A waiter subscribes after its first attempt: what came for it since that attempt
+    began is delivered when it subscribes; a name's wake-up from before is not."""
+    wakeups = _wakeups()
+    wakeups.wake(["old"])
+    since = time.monotonic()
+    wakeups.address("r1", (9,))
+    late = Subscription(frozenset({"n"}), "r1")
+    wakeups.add(late, since)
+    assert late.wait(0) == (9,)
+
+    wakeups.wake(["n"])
+    named = Subscription(frozenset({"n"}), "r2")
+    wakeups.add(named, since)
+    started = time.monotonic()
+    assert named.wait(1.0) is None
+    assert time.monotonic() - started < 0.5  # woken by the replayed wake-up
+
+    stale = Subscription(frozenset({"old"}), "r3")
+    wakeups.add(stale, since)
+    started = time.monotonic()
+    stale.wait(0.05)
+    assert time.monotonic() - started >= 0.04  # "old" was woken before the attempt began
+
+
+def test_a_waiter_looks_again_if_wake_ups_may_have_been_missed() -> None:
+    wakeups = _wakeups()
+    epoch = wakeups.epoch
+    wakeups.wake_all()  # e.g. the listener (re)connected: notifications may be lost
+    sub = Subscription(frozenset({"n"}), "r1")
+    wakeups.add(sub, time.monotonic(), epoch)
+    started = time.monotonic()
+    sub.wait(1.0)
+    assert time.monotonic() - started < 0.5
+
+
+def test_removing_is_idempotent_and_forgets_the_request() -> None:
+    wakeups = _wakeups()
+    sub = Subscription(frozenset({"n"}), "r1")
+    wakeups.add(sub)
+    assert wakeups.waiting == 1
+    wakeups.remove(sub)
+    wakeups.remove(sub)
+    assert wakeups.waiting == 0
+    wakeups.address("r1", (1,))  # remembered for a later subscriber, not delivered to sub
+    assert sub.wait(0) is None
+
+
+def test_the_first_waiter_looks_again_once_the_source_of_wake_ups_has_started() -> None:
+    """Before the first wait of a store nothing listens to other processes: a release
+    between that waiter's attempt and the start of the listener went unheard."""
+    started: list[bool] = []
+    wakeups = Wakeups(lambda: started.append(True))
+    epoch = wakeups.epoch  # read before the first attempt
+    sub = Subscription(frozenset({"n"}), "r1")
+    wakeups.add(sub, time.monotonic(), epoch)
+    assert started
+    t0 = time.monotonic()
+    sub.wait(1.0)
+    assert time.monotonic() - t0 < 0.5
+    later = Subscription(frozenset({"n"}), "r2")
+    wakeups.add(later, time.monotonic(), wakeups.epoch)  # the source was running already
+    t0 = time.monotonic()
+    later.wait(0.05)
+    assert time.monotonic() - t0 >= 0.04
