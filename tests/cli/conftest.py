@@ -8,22 +8,50 @@ the developer's own default database.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import pty
+import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.store.conftest import connect, pg_schema, pg_url, sqlite_url, store, url, wait_for
+import lockwarden
+from tests.store.conftest import (
+    connect,
+    etcd_cluster,
+    etcd_url,
+    mysql_url,
+    pg_schema,
+    pg_url,
+    sqlite_url,
+    store,
+    url,
+    wait_for,
+)
 
-__all__ = ["connect", "pg_schema", "pg_url", "sqlite_url", "store", "url", "wait_for"]
+__all__ = [
+    "connect",
+    "etcd_cluster",
+    "etcd_url",
+    "mysql_url",
+    "pg_schema",
+    "pg_url",
+    "sqlite_url",
+    "store",
+    "url",
+    "wait_for",
+]
 
 LOCKWARDEN = Path(sys.executable).with_name("lockwarden")
 
@@ -41,6 +69,11 @@ class Result:
         assert "Traceback" not in self.err, self.err
         lines = self.err.splitlines()
         assert len(lines) == 1, f"expected one line on stderr, got: {self.err!r}"
+        if lines[0].startswith("{"):  # --json: the failure as an object, its status in it
+            shape = json.loads(lines[0])
+            assert shape["status"] == self.status and shape["prog"].startswith("lockwarden")
+            message: str = shape["error"]
+            return message
         assert lines[0].startswith("lockwarden"), lines[0]
         return lines[0]
 
@@ -134,9 +167,20 @@ class Cli:
                     os.kill(pid, signal.SIGKILL)
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def sql_url(request: pytest.FixtureRequest) -> str:
+    """A fresh store on each backend with tables: what a schema, or a row written by
+    hand, needs (an etcd store has neither)."""
+    value: str = request.getfixturevalue(f"{'pg' if request.param == 'postgres' else 'sqlite'}_url")
+    return value
+
+
 @pytest.fixture
 def cli(url: str, tmp_path: Path) -> Iterator[Cli]:
+    """A runner on a fresh store, created (as `lockwarden init` would) so that
+    the commands that never create one find it."""
     assert LOCKWARDEN.exists(), f"{LOCKWARDEN} is missing: install the package (pip install -e .)"
+    lockwarden.connect(url).close()
     runner = Cli(url, tmp_path)
     yield runner
     runner.close()
@@ -183,3 +227,56 @@ def alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def on_terminal(
+    cli: Cli,
+    *args: str,
+    until: bytes,
+    answer: str | Callable[[], object] = "",
+    timeout: float = 30,
+) -> tuple[bytes, int]:
+    """Run ``lockwarden args...`` with a terminal for stdin, stdout and stderr.
+
+    Reads what it shows until ``until`` appears, then types ``answer`` (or
+    calls it), and reads on until it exits. Returns everything shown (raw
+    bytes) and the status.
+    """
+    main, terminal = pty.openpty()
+    # Wide enough that a table row is not wrapped in the middle of a name.
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 300, 0, 0))
+    try:
+        proc = subprocess.Popen(
+            [str(LOCKWARDEN), *args], stdin=terminal, stdout=terminal, stderr=terminal, env=cli.env
+        )
+        seen = b""
+        deadline = time.monotonic() + timeout
+        answered = False
+        while True:
+            if not answered and until in seen:
+                if callable(answer):
+                    answer()
+                else:
+                    os.write(main, answer.encode())
+                answered = True
+            if answered and proc.poll() is not None:
+                break
+            assert time.monotonic() < deadline, seen
+            if select.select([main], [], [], 0.1)[0]:
+                try:
+                    seen += os.read(main, 4096)
+                except OSError:  # the terminal closed with the process
+                    break
+        status = proc.wait(timeout=timeout)
+        while select.select([main], [], [], 0.1)[0]:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+        return seen, status
+    finally:
+        os.close(main)
+        os.close(terminal)

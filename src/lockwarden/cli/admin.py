@@ -1,159 +1,23 @@
-"""The administrator's commands: status, break, clean, permits, init (DESIGN C2).
+"""The administrator's commands: break, clean, permits, init.
 
 Each is a thin layer over one public call of the store; what this module adds
-is presentation (a table for people, a stable JSON shape for scripts) and
-the safety catch on `break`.
+is presentation (a line for people, a JSON object for scripts) and the
+safety catch on `break`. Only `init` creates a store: the others, pointed at
+a wrong path or schema, say there is no store there (status 69) instead of
+making an empty one and reporting that nothing is held.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from collections import Counter
-from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
-from lockwarden.cli.common import EX_USAGE, CliError, mode_word, open_store
-from lockwarden.store import LockEntry, WaiterEntry
+from lockwarden.cli.common import EX_UNAVAILABLE, EX_USAGE, CliError, emit, open_store
+from lockwarden.cli.terminal import printable
 
-JSON_FORMAT = 1
-"""The version of `status --json`'s shape (docs/cli.md); a field removed or changed bumps it."""
-
-
-def status(args: argparse.Namespace, url: str) -> int:
-    """Locks and waiters whose names start with the prefix: a table, or JSON."""
-    with open_store(url) as store:
-        locks = [e for e in store.locks() if e.name.startswith(args.prefix)]
-        waiters = [w for w in store.waiters() if w.name.startswith(args.prefix)]
-        where = store.url
-    queued = Counter(w.name for w in waiters)
-    if args.json:
-        shape = {
-            "format": JSON_FORMAT,
-            "database": where,
-            "locks": [_lock_json(e, queued[e.name]) for e in locks],
-            "waiters": [_waiter_json(w) for w in waiters],
-        }
-        print(json.dumps(shape, indent=2))
-    else:
-        _tables(where, locks, waiters, queued)
-    return 0
-
-
-def _lock_json(entry: LockEntry, waiters: int) -> dict[str, Any]:
-    holder = entry.holder
-    return {
-        "name": entry.name,
-        "mode": mode_word(entry.mode),
-        "token": entry.token,
-        "session_id": holder.session_id,
-        "app_id": holder.app_id,
-        "host": holder.host,
-        "pid": holder.pid,
-        "held_for": round(holder.held_for, 3),
-        "heartbeat_age": round(holder.heartbeat_age, 3),
-        "stale": entry.stale,
-        "waiters": waiters,
-    }
-
-
-def _waiter_json(entry: WaiterEntry) -> dict[str, Any]:
-    return {
-        "name": entry.name,
-        "mode": mode_word(entry.mode),
-        "session_id": entry.session_id,
-        "app_id": entry.app_id,
-        "host": entry.host,
-        "pid": entry.pid,
-        "waited_for": round(entry.waited_for, 3),
-        "expires_in": None if entry.expires_in is None else round(entry.expires_in, 3),
-        "stale": entry.stale,
-    }
-
-
-def _tables(
-    where: str, locks: list[LockEntry], waiters: list[WaiterEntry], queued: Counter[str]
-) -> None:
-    # rich costs tens of milliseconds to import: only this command pays for it.
-    from rich.console import Console  # noqa: PLC0415
-    from rich.table import Table  # noqa: PLC0415
-    from rich.text import Text  # noqa: PLC0415
-
-    def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
-        shown = Table(title=Text(title), title_justify="left", highlight=False)
-        for column in columns:
-            shown.add_column(column, no_wrap=column not in ("NAME", "APP", "HOST"))
-        for row in rows:
-            # Text, not markup: a lock name like "batch[1]" is shown as it is.
-            cells = zip(columns, row, strict=True)
-            shown.add_row(*(Text(cell, _style(column, cell)) for column, cell in cells))
-        return shown
-
-    # Piped into grep or a file, rows stay whole instead of wrapping at 80 columns.
-    console = Console() if sys.stdout.isatty() else Console(width=100_000)
-    if not locks and not waiters:
-        console.print(Text(f"no locks held in {where}"))
-        return
-    held = [
-        (
-            e.name,
-            mode_word(e.mode),
-            str(e.token),
-            e.holder.app_id,
-            e.holder.host,
-            str(e.holder.pid),
-            _age(e.holder.held_for),
-            _age(e.holder.heartbeat_age),
-            "STALE" if e.stale else "live",
-            str(queued[e.name] or ""),
-        )
-        for e in locks
-    ]
-    columns = [
-        "NAME",
-        "MODE",
-        "TOKEN",
-        "APP",
-        "HOST",
-        "PID",
-        "HELD",
-        "HEARTBEAT",
-        "STATE",
-        "WAITERS",
-    ]
-    console.print(table(f"locks in {where}", columns, held))
-    if waiters:
-        queue = [
-            (
-                w.name,
-                mode_word(w.mode),
-                w.app_id,
-                w.host,
-                str(w.pid),
-                _age(w.waited_for),
-                "never" if w.expires_in is None else _age(w.expires_in),
-                "STALE" if w.stale else "waiting",
-            )
-            for w in waiters
-        ]
-        columns = ["NAME", "MODE", "APP", "HOST", "PID", "WAITED", "GIVES UP IN", "STATE"]
-        console.print(table("waiting, in queue order", columns, queue))
-
-
-def _style(column: str, cell: str) -> str:
-    return "bold red" if (column, cell) == ("STATE", "STALE") else ""
-
-
-def _age(seconds: float) -> str:
-    """12.3s, 4m05s, 2h07m: short enough for a table column."""
-    seconds = max(seconds, 0.0)
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes = int(seconds // 60)
-    if minutes < 60:
-        return f"{minutes}m{int(seconds % 60):02d}s"
-    return f"{minutes // 60}h{minutes % 60:02d}m"
+if TYPE_CHECKING:
+    from lockwarden.store import LockEntry
 
 
 def break_lock(args: argparse.Namespace, url: str) -> int:
@@ -164,58 +28,132 @@ def break_lock(args: argparse.Namespace, url: str) -> int:
             f"refusing to break {args.name!r} without confirmation: standard input is not "
             "a terminal; add --yes",
         )
-    with open_store(url) as store:
+    with open_store(url, create=False) as store:
         holders = store.locks(args.name)
         if not holders:
-            print(f"{args.name!r} is not held: nothing to break")
+            emit(args, f"{args.name!r} is not held: nothing to break", _broke(args.name, 0))
             return 0
         if not args.yes:
-            _confirm(args.name, holders)
+            _confirm(args.name, holders, f"break the lock on {args.name!r}?")
         removed = store.break_lock(args.name)
-    print(
+    emit(
+        args,
         f"broke {args.name!r}: removed {_count(removed, 'holder')}; "
-        "the next holder gets a larger fencing token"
+        "the next holder gets a larger fencing token",
+        _broke(args.name, removed),
     )
     return 0
 
 
-def _confirm(name: str, holders: list[LockEntry]) -> None:
+def _broke(name: str, removed: int) -> dict[str, object]:
+    return {"name": name, "removed": removed}
+
+
+def _confirm(name: str, holders: list[LockEntry], question: str) -> None:
     for e in holders:
-        print(f"{name!r} is held ({mode_word(e.mode)}) by {e.holder}", file=sys.stderr)
-    print(f"break the lock on {name!r}? [y/N] ", end="", file=sys.stderr, flush=True)
+        line = f"{name!r} is held ({e.mode.word}) by {e.holder}"
+        print(printable(line), file=sys.stderr)
+    print(printable(f"{question} [y/N] "), end="", file=sys.stderr, flush=True)
     if sys.stdin.readline().strip().lower() not in ("y", "yes"):
         raise CliError(1, f"{name!r} was left alone")
 
 
 def clean(args: argparse.Namespace, url: str) -> int:
     """Remove expired sessions, the locks they still had, and dead waiters."""
-    with open_store(url) as store:
+    with open_store(url, create=False) as store:
         removed = store.clean()
-    print(
+    emit(
+        args,
         f"removed {_count(removed.sessions, 'expired session')}, "
-        f"{_count(removed.holders, 'lock')} they held and {_count(removed.waiters, 'dead waiter')}"
+        f"{_count(removed.holders, 'lock')} they held and {_count(removed.waiters, 'dead waiter')}",
+        {"sessions": removed.sessions, "locks": removed.holders, "waiters": removed.waiters},
     )
     return 0
 
 
 def permits(args: argparse.Namespace, url: str) -> int:
     """Show a name's permits, or change those given (the others keep their value)."""
-    with open_store(url) as store:
+    given = {k: v for k, v in vars(args).items() if k in ("read", "write")}  # None: unlimited
+    with open_store(url, create=False) as store:
         current = store.permits(args.name)
-        given = {k: v for k, v in vars(args).items() if k in ("read", "write")}  # None: unlimited
         if given:
-            store.set_permits(args.name, **{"read": current.read, "write": current.write, **given})
+            holders = [e for e in store.locks(args.name) if not e.stale] if args.force else []
+            if holders and not args.yes:
+                if not sys.stdin.isatty():
+                    raise CliError(
+                        EX_USAGE,
+                        f"refusing to force permits of {args.name!r} without confirmation: "
+                        "standard input is not a terminal; add --yes",
+                    )
+                _confirm(args.name, holders, "apply the new permits now, beside them?")
+            store.set_permits(
+                args.name,
+                **{"read": current.read, "write": current.write, **given},
+                force=args.force,
+            )
             current = store.permits(args.name)
     read_text = "unlimited" if current.read is None else str(current.read)
-    print(f"{args.name!r}: read {read_text}, write {current.write}")
+    emit(
+        args,
+        f"{args.name!r}: read {read_text}, write {current.write}",
+        {"name": args.name, "read": current.read, "write": current.write},
+    )
     return 0
 
 
 def init(args: argparse.Namespace, url: str) -> int:
-    """Create or upgrade the store's tables, and say where they are."""
-    with open_store(url) as store:
-        print(f"lock store ready: {store.url}")
+    """Create or upgrade the store's tables and say where they are; or, ``--check``, only say."""
+    if args.check:
+        return _check(args, url)
+    with open_store(url, create=True) as store:
+        where = store.url
+    emit(args, f"lock store ready: {where}", {"database": where})
     return 0
+
+
+def _check(args: argparse.Namespace, url: str) -> int:
+    """What `init` would do, from the versions recorded in the store; nothing is changed."""
+    from lockwarden import LockError  # noqa: PLC0415
+    from lockwarden.store import check_schema, schema  # noqa: PLC0415
+
+    try:
+        plan = check_schema(url)
+    except LockError as exc:
+        raise CliError(EX_UNAVAILABLE, str(exc)) from exc
+    if plan.found is None:
+        state = f"no lock store at {plan.url}: init would create one"
+    else:
+        state = (
+            f"lock store {plan.url} has schema version {plan.found}, usable by lockwarden "
+            f"schema versions {plan.usable_from} and newer"
+        )
+    lines = [state, f"this lockwarden has schema version {schema.SCHEMA_VERSION}"]
+    if plan.refusal:
+        lines.append(f"this lockwarden cannot use it: {plan.refusal}")
+    elif not plan.steps:
+        lines.append("nothing to do: no upgrade needed")
+    else:
+        lines.append("init (or any command that takes a lock) would apply, in one transaction:")
+        for version, statements in plan.steps:
+            lines.append(f"  step to version {version}:")
+            lines.extend(f"    {' '.join(sql.split())}" for sql in statements)
+    if args.json:
+        emit(
+            args,
+            "",
+            {
+                "database": plan.url,
+                "found": plan.found,
+                "usable_from": plan.usable_from,
+                "this_version": schema.SCHEMA_VERSION,
+                "usable": plan.refusal is None,
+                "steps": [{"version": v, "statements": list(sql)} for v, sql in plan.steps],
+            },
+        )
+    else:
+        for line in lines:
+            emit(args, line, {})
+    return EX_UNAVAILABLE if plan.refusal else 0
 
 
 def _count(n: int, noun: str) -> str:

@@ -1,36 +1,45 @@
-"""What every command shares: exit statuses, the one-line error, the database.
+"""What every command shares: exit statuses, the failure type, the database, the output.
 
 The exit statuses follow BSD's sysexits.h where one fits, so that cron,
 systemd and shell scripts can tell "try again later" (75) from "broken
 setup" (64, 69) without reading the message.
+
+Nothing here imports the store at module level: ``lockwarden --version`` and
+``lockwarden completion`` must not pay for it.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
-import lockwarden
-from lockwarden.store import Store
+from lockwarden.cli.terminal import printable
+
+if TYPE_CHECKING:
+    from lockwarden.store import Store
 
 EX_USAGE = 64
 """Bad arguments: an unknown option, a bad number or name, no command after ``--``."""
 EX_UNAVAILABLE = 69
-"""The database cannot be used: a bad URL, unreachable, or written by a newer lockwarden."""
+"""The database cannot be used: a bad URL, unreachable, no store there, or too new."""
 EX_SOFTWARE = 70
 """The lock was lost while CMD ran (or lockwarden itself failed unexpectedly)."""
 EX_OSERR = 71
 """The operating system refused something lockwarden needed (not CMD's own failures)."""
 EX_TEMPFAIL = 75
-"""`lockwarden run`: the lock was busy; try again later."""
+"""`lockwarden run` and `hold`: the lock was busy; try again later."""
 EX_NOEXEC = 126
 """`lockwarden run`: CMD exists but cannot be executed (as shells report it)."""
 EX_NOTFOUND = 127
 """`lockwarden run`: CMD was not found (as shells report it)."""
 
 DB_ENV = "LOCKWARDEN_DB"
+
+JSON_FORMAT = 1
+"""The version of every ``--json`` shape (docs/cli.md); a field removed or changed bumps it."""
 
 
 class CliError(Exception):
@@ -42,14 +51,18 @@ class CliError(Exception):
         self.prog = prog
 
 
-def say(message: object, prog: str = "lockwarden") -> None:
-    """Write ``message`` to stderr as exactly one line, whatever newlines it carries.
+def emit(args: argparse.Namespace, text: str, shape: dict[str, Any]) -> None:
+    """A command's result on stdout: ``text`` for people, ``shape`` with ``--json``.
 
-    Operators grep logs and cron mails line by line; a message split over
-    lines (or a traceback) gets lost or misread there.
+    Text is escaped (`printable`): it shows names and hosts that anyone who
+    can take a lock chose. JSON escapes by itself.
     """
-    text = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
-    print(f"{prog}: {text}", file=sys.stderr, flush=True)
+    if args.json:
+        import json  # noqa: PLC0415  (only with --json)
+
+        print(json.dumps({"format": JSON_FORMAT, **shape}, indent=2))
+    elif not args.quiet:
+        print(printable(text))
 
 
 def database_url(option: str | None) -> str:
@@ -66,6 +79,7 @@ def database_url(option: str | None) -> str:
     directory = user_state_path("lockwarden")
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        directory.chmod(0o700)  # lockwarden's own: the store in it is private (0600)
     except OSError as exc:
         raise CliError(
             EX_UNAVAILABLE,
@@ -76,22 +90,22 @@ def database_url(option: str | None) -> str:
 
 
 @contextmanager
-def open_store(url: str) -> Iterator[Store]:
-    """Connect (creating or upgrading the tables), and close the store afterwards.
+def open_store(url: str, *, create: bool) -> Iterator[Store]:
+    """Connect, and close the store afterwards.
 
-    A command line has no business giving up behind a long-running holder,
-    so waiters never time out on ``max_hold``: ``--wait`` alone decides.
+    ``create``: make the store's tables where there are none. Commands that
+    only look or tidy up pass False, so that a mistyped path or schema is
+    reported (status 69) instead of quietly becoming an empty store. A
+    command line has no business giving up behind a long-running holder, so
+    waiters never time out on ``max_hold``: ``--wait`` alone decides.
     """
+    import lockwarden  # noqa: PLC0415  (the store's import is what `--version` must not pay)
+
     try:
-        store = lockwarden.connect(url, max_hold=None)
+        store = lockwarden.connect(url, max_hold=None, create=create)
     except lockwarden.LockError as exc:
         raise CliError(EX_UNAVAILABLE, str(exc)) from exc
     try:
         yield store
     finally:
         store.close()
-
-
-def mode_word(mode: lockwarden.Mode) -> str:
-    """The store's words for its two modes, as the command line spells them."""
-    return "read" if mode is lockwarden.Mode.S else "write"

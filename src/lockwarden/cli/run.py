@@ -1,4 +1,4 @@
-"""`lockwarden run NAME -- CMD`: hold a shared lock while a command runs (DESIGN C1).
+"""`lockwarden run NAME -- CMD`: hold a shared lock while a command runs.
 
 The lock is taken before CMD starts and released after CMD ends, whatever
 ended it. While CMD runs, three things watch over the lock:
@@ -27,8 +27,11 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from lockwarden import LockError, LockLost, LockTimeout
 from lockwarden.cli.common import (
@@ -36,11 +39,13 @@ from lockwarden.cli.common import (
     EX_NOTFOUND,
     EX_SOFTWARE,
     CliError,
-    mode_word,
     open_store,
-    say,
 )
-from lockwarden.store import HeldLock
+from lockwarden.cli.progress import Progress
+from lockwarden.cli.terminal import say
+
+if TYPE_CHECKING:
+    from lockwarden.store import HeldLock, Session, Store
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 """Signals that mean "stop": passed on to CMD, whose exit then ends the run."""
@@ -232,37 +237,99 @@ def _die_with_parent() -> Callable[[], None] | None:
 def run(args: argparse.Namespace, url: str) -> int:
     """The `run` command: see the module docstring; returns the exit status."""
     job = Job(args.cmd, args.kill_after)
-    previous = {}
-    for signum in FORWARDED:
-        # An ignored signal stays ignored (nohup, background jobs of a script):
-        # CMD inherits SIG_IGN, as it would without lockwarden in between.
-        if signal.getsignal(signum) != signal.SIG_IGN:
-            previous[signum] = signal.signal(signum, job.on_signal)
     try:
         with (
-            open_store(url) as store,
-            store.session(
-                app_id=args.app, ttl=args.ttl, on_lost=lambda exc: job.stop(str(exc))
-            ) as session,
+            stop_signals(job.on_signal),
+            open_store(url, create=True) as store,
+            session_for(args, store, lambda exc: job.stop(str(exc))) as session,
         ):
             try:
-                held = session.lock(args.name, args.mode, timeout=args.wait)
-            except LockTimeout as exc:
-                say(exc)  # names the holder: app, host, pid, for how long
-                return int(args.conflict_exit_code)
+                held = take(args, store, session)
             finally:
                 job.arm()
-            return _hold(held, job)
+            if held is None:
+                return int(args.conflict_exit_code)
+            return _hold(held, job, args)
     except Interrupted as exc:
-        name = signal.Signals(exc.signum).name
-        say(f"{name} received while taking the lock on {args.name!r}; CMD was not started")
-        return 128 + exc.signum
+        return interrupted(exc, args, "CMD was not started")
+
+
+@contextmanager
+def session_for(
+    args: argparse.Namespace, store: Store, on_lost: Callable[[LockLost], None]
+) -> Iterator[Session]:
+    """The session of `run` and `hold`; a failure to end it is no failure of the command.
+
+    Ending it fails only when the database is away, and then nothing is left
+    for the user to act on: its lock was released, or the failed release was
+    already reported, and the session expires a TTL after its last heartbeat.
+    """
+    session = store.session(app_id=args.app, ttl=args.ttl, on_lost=on_lost)
+    try:
+        yield session
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        with contextlib.suppress(LockError):
+            session.close()
 
 
-def _hold(held: HeldLock, job: Job) -> int:
+@contextmanager
+def stop_signals(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """Route the stop signals to ``handler`` for the duration; restore them afterwards.
+
+    An ignored signal stays ignored (nohup, background jobs of a script):
+    CMD inherits SIG_IGN, as it would without lockwarden in between.
+    """
+    previous = {}
+    for signum in FORWARDED:
+        if signal.getsignal(signum) != signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+def interrupted(exc: Interrupted, args: argparse.Namespace, outcome: str) -> int:
+    """A stop signal ended the wait for the lock: say so; exit 128+N, as a shell would."""
+    name = signal.Signals(exc.signum).name
+    status = 128 + exc.signum
+    say(
+        f"{name} received while taking the lock on {args.name!r}; {outcome}",
+        status=status,
+        as_json=args.json,
+    )
+    return status
+
+
+def take(args: argparse.Namespace, store: Store, session: Session) -> HeldLock | None:
+    """Take the lock for `run` or `hold`, showing the wait; None (and a line) if it is busy.
+
+    While the wait lasts, a terminal sees who holds the lock (`Progress`).
+    """
+    what = f"{args.mode} lock on {args.name!r}"
+
+    def blocker() -> str:
+        holders = store.locks(args.name)
+        if not holders:
+            return "queued behind other waiters"
+        return "held by " + ", ".join(str(e.holder) for e in holders)
+
+    started = time.monotonic()
+    try:
+        with Progress(what, blocker, verbose=args.verbose, quiet=args.quiet or args.json):
+            held = session.lock(args.name, args.mode, timeout=args.wait)
+    except LockTimeout as exc:
+        # Names the holder (app, host, pid, for how long): a notice, as the
+        # status may be made 0 by --conflict-exit-code.
+        say(exc, status=int(args.conflict_exit_code), as_json=args.json)
+        return None
+    if args.verbose:
+        say(f"took the {what} (token {held.token}) in {time.monotonic() - started:.1f} s")
+    return held
+
+
+def _hold(held: HeldLock, job: Job, args: argparse.Namespace) -> int:
     """Run CMD under ``held``; release it afterwards; CMD's status, or 70 if it was lost."""
     env = {**os.environ, "LOCKWARDEN_NAME": held.name, "LOCKWARDEN_TOKEN": str(held.token)}
     try:
@@ -283,16 +350,31 @@ def _hold(held: HeldLock, job: Job) -> int:
     finally:
         done.set()
         checker.join()
+    what = f"{held.mode.word} lock on {held.name!r} (token {held.token})"
     try:
         held.release()
     except LockLost as exc:  # lost after the last check: CMD's end may have run unprotected
         job.stop(str(exc))
+    except LockError as exc:
+        # CMD ran to its end under the lock; only the release failed (the
+        # database unreachable). The status is CMD's: a caller that retries on
+        # failure must not run CMD's work twice. The lock is not held by
+        # anyone live: it passes on at most a TTL after the last heartbeat.
+        say(
+            f"CMD exited with status {status}, but releasing the {what} failed: {exc}; it "
+            f"passes to the next holder at most {held.session.ttl:g} s from now",
+            as_json=args.json,
+        )
+        return status
     if job.lost is not None:
         say(
-            f"lost the {mode_word(held.mode)} lock on {held.name!r} (token {held.token}) "
-            f"while CMD ran, and {job.stopped}: {job.lost}"
+            f"lost the {what} while CMD ran, and {job.stopped}: {job.lost}",
+            status=EX_SOFTWARE,
+            as_json=args.json,
         )
         return EX_SOFTWARE
+    if args.verbose:
+        say(f"released the {what}; CMD exited with status {status}")
     return status
 
 

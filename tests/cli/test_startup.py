@@ -1,0 +1,69 @@
+"""Start-up: what `lockwarden --version` and `lockwarden run` import (never how long it takes).
+
+A shell script pays the command's start-up on every call; bench/cli_startup.py
+measures it. What can be tested without timing is its cause: the modules a
+command imports. ``-X importtime`` does not see ``importlib.import_module``,
+so the probe reads ``sys.modules`` after the command has run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROBE = """
+import json, sys
+from lockwarden.cli.main import main
+try:
+    status = main(sys.argv[2:])
+except SystemExit as exc:
+    status = exc.code
+with open(sys.argv[1], "w") as out:
+    json.dump({"status": status, "modules": sorted(sys.modules)}, out)
+"""
+
+HEAVY = ("asyncio", "rich", "psycopg", "psycopg_pool", "lockwarden.store.aio")
+"""Never imported by `--version`, nor by `run` on SQLite."""
+
+
+def imported(tmp_path: Path, *argv: str) -> set[str]:
+    report = tmp_path / "modules.json"
+    subprocess.run(
+        [sys.executable, "-c", PROBE, str(report), *argv],
+        check=True,
+        capture_output=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path)},
+        timeout=60,
+    )
+    found = json.loads(report.read_text())
+    assert found["status"] == 0, found["status"]
+    return set(found["modules"])
+
+
+def heavy(modules: set[str]) -> set[str]:
+    return {m for m in modules if m == "lockwarden.store.postgres" or m.startswith(HEAVY)}
+
+
+def test_version_imports_neither_the_store_nor_its_drivers(tmp_path: Path) -> None:
+    modules = imported(tmp_path, "--version")
+    assert "lockwarden.cli.main" in modules  # the probe sees what it should
+    assert not {m for m in modules if m.startswith(("lockwarden.store", "sqlite3"))}
+    assert not heavy(modules)
+
+
+@pytest.mark.parametrize("command", [["completion", "bash"], ["manpage"]])
+def test_commands_that_describe_lockwarden_open_no_store(
+    tmp_path: Path, command: list[str]
+) -> None:
+    modules = imported(tmp_path, *command)
+    assert not {m for m in modules if m.startswith(("lockwarden.store", "platformdirs"))}
+
+
+def test_run_on_sqlite_imports_no_asyncio_rich_or_postgresql(tmp_path: Path) -> None:
+    modules = imported(tmp_path, "--db", f"sqlite:///{tmp_path}/locks.db", "run", "x", "--", "true")
+    assert "lockwarden.store.sqlite" in modules
+    assert not heavy(modules)
