@@ -24,7 +24,9 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -91,6 +93,7 @@ class EtcdBackend(Backend):
             queries.FENCE_RESET: self._fence_reset,
             queries.RECORD_ADMIN: self._record_admin,
             queries.ADMIN_LOG: self._admin_log,
+            queries.ADMIN_COUNTS: self._admin_counts,
         }
         self._changes: dict[tuple[str, ...], Callable[[Params], list[Names]]] = {
             queries.CLOSE_SESSION: self._close_session,
@@ -331,9 +334,14 @@ class EtcdBackend(Backend):
         """The waits-for edges reachable from our session if it is on a cycle (our queue
         entries are then removed), else None (design note, "Deadlocks across sessions").
 
-        A refusal rewrites ``P/g`` guarded by its revision as read: of two requests
-        that close a cycle at once, the second's guard fails, it looks again, and
-        finds the cycle gone with the first's queue entries.
+        The request that closed the cycle is the one refused, as on the SQL
+        backends: if the newest key on the cycle is another request's waiter key,
+        that request closed it and refuses itself at its own check, which follows
+        its enqueue (an older waiter that looks meanwhile, woken by the enqueue,
+        leaves it be). If the newest is a holder key, a grant closed the cycle and
+        the waiters it blocks refuse. A refusal rewrites ``P/g`` guarded by its
+        revision as read: of two requests that refuse at once, the second's guard
+        fails, it looks again, and finds the cycle gone with the first's queue entries.
         """
         while True:
             found = self._kv.read(
@@ -347,9 +355,13 @@ class EtcdBackend(Backend):
             )
             live = {kv.key.rsplit("/", 1)[1] for kv in found.kvs(2)}
             caps = {kv.value["name"]: kv.value for kv in found.kvs(3)}
-            edges = _edges(found.kvs(0), found.kvs(1), live, caps, _now())
+            keyed = _keyed_edges(found.kvs(0), found.kvs(1), live, caps, _now())
+            edges = sorted({(e.src, e.dst) for e in keyed})
             reach = _reachable(request.session_id, edges)
             if request.session_id not in reach:
+                return None
+            holding = {kv.value["session"] for kv in found.kvs(1)}
+            if _closed_by_another(request, keyed, edges, self._p + "w/", holding):
                 return None
             graph = found.kvs(4)
             ops = [put(self._p + "g", found.revision)]
@@ -619,8 +631,9 @@ class EtcdBackend(Backend):
         )
         live = {kv.key.rsplit("/", 1)[1] for kv in found.kvs(2)}
         caps = {kv.value["name"]: kv.value for kv in found.kvs(3)}
-        edges = _named_edges(found.kvs(0), found.kvs(1), live, caps, _now())
-        return [{"src": src, "dst": dst, "name": name} for src, dst, name in edges]
+        keyed = _keyed_edges(found.kvs(0), found.kvs(1), live, caps, _now())
+        edges = {(e.src, e.dst, e.name) for e in keyed}
+        return [{"src": src, "dst": dst, "name": name} for src, dst, name in sorted(edges)]
 
     def _fence_read(self, p: Params) -> list[Row]:
         found = self._kv.read([get(f"{self._p}f/{_q(str(p['resource']))}")]).kvs(0)
@@ -685,6 +698,11 @@ class EtcdBackend(Backend):
         )
         now = _now()
         return [{**r, "now": now} for r in records[: int(p["limit"])]]  # type: ignore[call-overload]
+
+    def _admin_counts(self, p: Params) -> list[Row]:
+        """`queries.ADMIN_COUNTS`: the records counted by action."""
+        counts = Counter(kv.value["action"] for kv in self._kv.read([scan(self._p + "a/")]).kvs(0))
+        return [{"action": action, "n": n} for action, n in counts.items()]
 
 
 def _who(session: Mapping[str, Any]) -> dict[str, Any]:
@@ -765,41 +783,64 @@ def _row(name: str, kind: str, kv: KV, now: float, *, live: bool, expires_at: fl
     }
 
 
-def _edges(
+@dataclass(frozen=True, order=True)
+class _Edge:
+    """One waits-for edge, with the keys that make it: the waiter's and the blocker's."""
+
+    src: str
+    dst: str
+    name: str
+    waiter: KV = field(compare=False)
+    blocker: KV = field(compare=False)
+
+
+def _keyed_edges(
     waiters: Sequence[KV],
     holders: Sequence[KV],
     live: set[str],
     caps: Mapping[str, Any],
     now: float,
-) -> list[tuple[str, str]]:
-    """`queries.DEADLOCK_EDGES`' edge rule over the keys read: who waits for whom."""
-    return sorted({(src, dst) for src, dst, _ in _named_edges(waiters, holders, live, caps, now)})
-
-
-def _named_edges(
-    waiters: Sequence[KV],
-    holders: Sequence[KV],
-    live: set[str],
-    caps: Mapping[str, Any],
-    now: float,
-) -> list[tuple[str, str, str]]:
-    """`queries.WAITS_FOR`' edge rule over the keys read, with the name waited on."""
-    waiting = [(kv.value, kv.create) for kv in waiters if not _expired(kv.value, now)]
-    names = {w["name"] for w, _ in waiting}
-    nodes = waiting + [
-        (kv.value, -1)
-        for kv in holders
-        if kv.value["session"] in live and kv.value["name"] in names
+) -> list[_Edge]:
+    """`queries.WAITS_FOR`' edge rule over the keys read: who waits for whom, on what."""
+    waiting = [(kv, kv.create) for kv in waiters if not _expired(kv.value, now)]
+    names = {kv.value["name"] for kv, _ in waiting}
+    nodes = waiting + [  # a holder is ahead of every waiter
+        (kv, -1) for kv in holders if kv.value["session"] in live and kv.value["name"] in names
     ]
-    edges: set[tuple[str, str, str]] = set()
-    for w, seq in waiting:
+    edges: list[_Edge] = []
+    for wkv, seq in waiting:
+        w = wkv.value
         cap = caps.get(w["name"])
         one = (cap["write"] if cap else 1) if w["mode"] == "X" else (cap["read"] if cap else None)
-        for x, xseq in nodes:
+        for xkv, xseq in nodes:
+            x = xkv.value
             same_name = x["name"] == w["name"] and x["session"] != w["session"]
             if same_name and xseq < seq and (x["mode"] != w["mode"] or one == 1):
-                edges.add((w["session"], x["session"], w["name"]))
+                edges.append(_Edge(w["session"], x["session"], w["name"], wkv, xkv))
     return sorted(edges)
+
+
+def _closed_by_another(
+    request: AcquireRequest,
+    keyed: Sequence[_Edge],
+    edges: Sequence[tuple[str, str]],
+    waiter_prefix: str,
+    holding: set[str],
+) -> bool:
+    """Whether the newest key on our session's cycles is the waiter key of another request
+    whose session holds locks: that request closed the cycle, and its own check (which
+    only sessions holding locks run) refuses it (`_deadlock`)."""
+    us = request.session_id
+    on_cycle = {s for s in _reachable(us, edges) if us in _reachable(s, edges)} | {us}
+    keys = [
+        kv for e in keyed if e.src in on_cycle and e.dst in on_cycle for kv in (e.waiter, e.blocker)
+    ]
+    newest = max(keys, key=lambda kv: kv.create)
+    return (
+        newest.key.startswith(waiter_prefix)
+        and not newest.key.endswith("/" + request.request_id)
+        and newest.value["session"] in holding
+    )
 
 
 def _reachable(start: str, edges: Sequence[tuple[str, str]]) -> set[str]:

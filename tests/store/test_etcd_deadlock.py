@@ -1,0 +1,48 @@
+"""On etcd the enqueue and the deadlock check are two steps: the request that closed a
+cycle is refused even when an older waiter of the cycle looks in between."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+
+import pytest
+
+import lockwarden
+from lockwarden.store import Session, Store
+from lockwarden.store.backend import AcquireRequest, Attempt
+from lockwarden.store.etcd import EtcdBackend
+
+
+@pytest.fixture
+def store(etcd_url: str) -> Iterator[Store]:
+    s = lockwarden.connect(etcd_url)
+    yield s
+    s.close()
+
+
+def attempt(session: Session, request: str, name: str) -> Attempt:
+    backend = session._store._backend
+    return backend.acquire(AcquireRequest(session.id, request, (name,), ("X",), True, False, 30))
+
+
+def test_an_older_waiter_looking_before_the_closer_checks_leaves_the_cycle_to_it(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = store._backend
+    assert isinstance(backend, EtcdBackend)
+    a, b = store.session(app_id="a"), store.session(app_id="b")
+    a.lock("L1")
+    b.lock("L2")
+    older, closer = secrets.token_hex(16), secrets.token_hex(16)
+    assert attempt(a, older, "L2").status == "blocked"  # no cycle yet
+    with monkeypatch.context() as m:  # the closer has queued but not yet checked
+        m.setattr(backend, "_deadlock", lambda request: None)
+        assert attempt(b, closer, "L1").status == "blocked"
+    assert attempt(a, older, "L2").status == "blocked"  # not the older waiter's to break
+    refused = attempt(b, closer, "L1")
+    assert refused.status == "deadlock"
+    assert {(src, dst) for src, dst in refused.edges} == {(a.id, b.id), (b.id, a.id)}
+    assert [w.session_id for w in store.waiters()] == [a.id]  # the older waiter waits on
+    a.close()
+    b.close()
