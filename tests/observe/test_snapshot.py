@@ -8,10 +8,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from lockwarden.observe import Snapshot
-from lockwarden.observe.metrics import OTHER, StoreCollector
+from lockwarden.observe.metrics import OTHER, OVERRIDES, StoreCollector
 from lockwarden.store import Store
-from tests.observe.conftest import Background, frozen_cycle, wait_for
-from tests.store.conftest import stop_heartbeat
+from tests.conftest import Background, stop_heartbeat, wait_for
+from tests.observe.conftest import frozen_cycle
 
 
 def test_sessions_lists_live_and_dead_sessions_with_their_ttl(
@@ -110,3 +110,18 @@ def test_metrics_keep_to_the_name_cardinality_limit(store: Store) -> None:
 def test_metrics_show_sessions_on_a_cycle(store: Store) -> None:
     frozen_cycle(store)
     assert scrape(store)["lockwarden_deadlocked_sessions"][0][1] == 2
+
+
+def test_metrics_count_the_overrides_the_store_recorded(store: Store) -> None:
+    before = {lb["action"]: v for lb, v in scrape(store)["lockwarden_overrides"]}
+    assert before == dict.fromkeys(OVERRIDES, 0)  # every action has a series from the start
+    s = store.session(app_id="victim")
+    s.lock("broken")
+    store.break_lock("broken")
+    s.lock("other")
+    store.break_lock("other")
+    store.reset_fence("fenced")
+    after = {lb["action"]: v for lb, v in scrape(store)["lockwarden_overrides"]}
+    assert after == {**before, "break_lock": 2, "reset_fence": 1}
+    assert store.admin_counts() == {"break_lock": 2, "reset_fence": 1}
+    s.close()

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from lockwarden.modes import Mode
@@ -21,6 +21,9 @@ from lockwarden.observe.snapshot import Snapshot
 
 if TYPE_CHECKING:
     from lockwarden.store import Store
+
+OVERRIDES = ("break_lock", "release_all", "reset_fence", "set_permits")
+"""The actions of `Store.admin_log`, each always given a series."""
 
 OTHER = "(other)"
 """The name label of the series that sums every name past ``max_names``."""
@@ -73,6 +76,16 @@ class StoreCollector(Collector):
             "Sessions on a cycle of waits (the store breaks it at one of their next attempts).",
             value=sum(len(c) for c in snap.cycles),
         )
+        overrides = CounterMetricFamily(
+            "lockwarden_overrides",
+            "Administrators' overrides the store has recorded, by action (break_lock: "
+            "locks broken; release_all: other sessions' locks released; set_permits: caps "
+            "raised; reset_fence: fences reset).",
+            labels=["action"],
+        )
+        for action in sorted({*OVERRIDES, *snap.overrides}):
+            overrides.add_metric([action], snap.overrides.get(action, 0))
+        yield overrides
 
 
 def _by_mode_and_name(

@@ -1,6 +1,6 @@
 """One consistent-enough view of a store, as the dashboard, metrics and `status --watch` show it.
 
-Each list is read by one statement, so each is consistent in itself; the four
+Each list is read by one statement, so each is consistent in itself; the
 statements are not one transaction, so a lock moving between them can appear
 in two lists or none for one refresh. A watcher refreshes every fraction of
 a second, and the next snapshot is right: no transaction is held open for
@@ -30,12 +30,14 @@ class Snapshot:
     edges: list[WaitEdge]
     cycles: list[list[str]]
     """Sets of session ids that wait on each other (see `lockwarden.observe.cycles`)."""
+    overrides: dict[str, int] = field(default_factory=dict)
+    """Administrators' overrides ever recorded, by action (`Store.admin_counts`)."""
     taken_at: float = field(default_factory=time.time)
     """When the snapshot was taken, by this host's clock (ages come from the database's)."""
 
     @classmethod
     def take(cls, store: Store) -> Snapshot:
-        """Read the store once: four read-only statements."""
+        """Read the store once: five read-only statements."""
         edges = store.waits_for()
         return cls(
             locks=store.locks(),
@@ -43,6 +45,7 @@ class Snapshot:
             sessions=store.sessions(),
             edges=edges,
             cycles=cycles((e.waiter, e.blocker) for e in edges),
+            overrides=store.admin_counts(),
         )
 
     def only(self, prefix: str) -> Snapshot:
@@ -56,6 +59,7 @@ class Snapshot:
             sessions=self.sessions,
             edges=edges,
             cycles=cycles((e.waiter, e.blocker) for e in edges),
+            overrides=self.overrides,
             taken_at=self.taken_at,
         )
 

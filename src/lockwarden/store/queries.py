@@ -451,6 +451,10 @@ SELECT at, action, subject, detail, host, pid, {now} AS now FROM {p}lw_admin
 ORDER BY at DESC LIMIT :limit
 """
 
+ADMIN_COUNTS: Final = "SELECT action, COUNT(*) AS n FROM {p}lw_admin GROUP BY action"
+"""How many overrides of each kind the store has recorded: nothing deletes a record,
+so each count only grows (a Prometheus counter)."""
+
 BREAK_LOCK: Final = ("DELETE FROM {p}lw_holders WHERE name = :name RETURNING name",)
 
 CLEAN: Final = (

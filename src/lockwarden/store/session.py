@@ -301,6 +301,12 @@ class Store:
             for r in rows
         ]
 
+    def admin_counts(self) -> dict[str, int]:
+        """How many overrides of each kind (`AdminAction.action`) the store has recorded,
+        ever: the counters behind ``lockwarden_overrides_total`` in the metrics."""
+        rows = self._backend.query(queries.ADMIN_COUNTS)
+        return {r["action"]: int(r["n"]) for r in rows}
+
     def _record(self, action: str, subject: str, detail: str) -> None:
         """Log an administrator's override and keep it in the store (`admin_log`)."""
         admin_log.info("%s %r on %s: %s", action, subject, self.url, detail)
