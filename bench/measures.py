@@ -2,6 +2,9 @@
 
 - `uncontended`: acquire + release of one free lock, best of N batches, the
   subjects' batches interleaved so that all of them see the same machine.
+- `observer_cost`: the same pair on lockwarden's SQLite store with no
+  observer and with a `PrometheusObserver` subscribed, batches alternating;
+  and what the check costs that every event makes when nobody listens.
 - `round_trips`: PostgreSQL round trips per acquire and per release, counted
   on the wire (`pgwire`), and lockwarden's own statement counters.
 - `handoff`: two processes pass a lock back and forth; the time from the
@@ -118,6 +121,40 @@ def uncontended(subjects: Sequence[Subject], plan: Plan) -> dict[str, dict[str, 
     return {
         s.key: {**_per_op(best[s.key], len(names[s.key])), "batch": len(names[s.key])}
         for s in subjects
+    }
+
+
+def observer_cost(subject: Subject, plan: Plan) -> dict[str, float]:
+    """What the hooks cost: ``subject``'s pair without and with an observer (best of N
+    alternating batches), and one `hooks.active` check, the whole cost of an unobserved
+    event (an acquire + release emits two)."""
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+    from lockwarden import hooks  # noqa: PLC0415  (bench/ runs before the store is known)
+    from lockwarden.observe.prometheus import PrometheusObserver  # noqa: PLC0415
+
+    name = f"{subject.env.run}/observed"
+    observer = PrometheusObserver(CollectorRegistry())
+    once = _timed(subject, [name] * 20)[0] / 20
+    names = [name] * max(20, min(50_000, round(plan.batch_seconds / once)))
+    without = with_ = float("inf")
+    for _ in range(plan.repeat):
+        gc.collect()
+        without = min(without, _timed(subject, names)[0])
+        stop = hooks.subscribe(observer)
+        try:
+            with_ = min(with_, _timed(subject, names)[0])
+        finally:
+            stop()
+    checks = 100_000
+    t0 = perf()
+    for _ in range(checks):
+        hooks.active()
+    return {
+        "without_us": without / len(names) * 1e6,
+        "with_us": with_ / len(names) * 1e6,
+        "check_ns": (perf() - t0) / checks * 1e9,
+        "batch": len(names),
     }
 
 

@@ -106,6 +106,14 @@ def markdown(results: Results) -> str:
             + ", ".join(f"{label} {n:g}" for label, n in own.items())
             + ".",
         ]
+    if cost := results.get("observer_cost"):
+        out += [
+            "",
+            "Hooks (lockwarden on SQLite, the pair above): "
+            f"{_f(cost['without_us'])} µs with no observer, {_f(cost['with_us'])} µs with a "
+            f"`PrometheusObserver` subscribed; unobserved, each event costs one "
+            f"{_f(cost['check_ns'])} ns check (two per pair).",
+        ]
     out += [
         "",
         f"**Handoff** (2 processes: release → the blocked waiter holds it; "

@@ -185,6 +185,10 @@ def run(env: Env, plan: measures.Plan, keys: list[str]) -> dict[str, Any]:
     try:
         step("uncontended acquire + release")
         results["uncontended"] = measures.uncontended(subjects, plan)
+        observed = [s for s in subjects if s.key == "lockwarden-sqlite"]
+        if observed:
+            step("observer cost")
+            results["observer_cost"] = measures.observer_cost(observed[0], plan)
     finally:
         for subject in subjects:
             subject.teardown()
