@@ -1,4 +1,4 @@
-"""Fixtures for the store's tests: a real SQLite file, the real PostgreSQL and MariaDB,
+"""Fixtures for every test that needs a store: a real SQLite file, the real PostgreSQL and MariaDB,
 a private etcd cluster.
 
 Every PostgreSQL test gets a schema of its own (``lw_test_<random>``), every
@@ -32,7 +32,7 @@ from lockwarden.store.url import mysql_options
 
 PG = os.environ.get("LOCKWARDEN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 MYSQL = os.environ.get("LOCKWARDEN_TEST_MYSQL", "mysql://root@127.0.0.1:3306")
-CHILD = Path(__file__).with_name("child.py")
+CHILD = Path(__file__).parent / "store" / "child.py"
 
 
 def pg_admin() -> psycopg.Connection[Any]:

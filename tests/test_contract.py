@@ -30,7 +30,7 @@ from lockwarden import (
 )
 from lockwarden.local import DEFAULT
 from lockwarden.store import Store
-from tests.store.conftest import pg_schema, pg_url, sqlite_url  # noqa: F401  (fixtures)
+from tests.conftest import pg_schema, pg_url, sqlite_url  # noqa: F401  (fixtures)
 
 OMITTED: Any = DEFAULT
 """Stands for "no timeout argument" in `Engine.lock`."""

@@ -27,31 +27,7 @@ from typing import Any
 import pytest
 
 import lockwarden
-from tests.store.conftest import (
-    connect,
-    etcd_cluster,
-    etcd_url,
-    mysql_url,
-    pg_schema,
-    pg_url,
-    sqlite_url,
-    store,
-    url,
-    wait_for,
-)
-
-__all__ = [
-    "connect",
-    "etcd_cluster",
-    "etcd_url",
-    "mysql_url",
-    "pg_schema",
-    "pg_url",
-    "sqlite_url",
-    "store",
-    "url",
-    "wait_for",
-]
+from tests.conftest import wait_for
 
 LOCKWARDEN = Path(sys.executable).with_name("lockwarden")
 

@@ -15,8 +15,8 @@ import pytest
 
 from lockwarden import LockLost
 from lockwarden.store import Store
-
-from .conftest import LOCKWARDEN, Cli, hold, wait_for
+from tests.cli.conftest import LOCKWARDEN, Cli, hold
+from tests.conftest import wait_for
 
 LOCK_FIELDS = {
     "name",

@@ -8,8 +8,7 @@ import pytest
 
 import lockwarden
 from lockwarden.cli import admin, main
-
-from .conftest import Cli
+from tests.cli.conftest import Cli
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from lockwarden.store import Store
-
-from .conftest import LOCKWARDEN, Cli, alive, hold, on_terminal, wait_for
+from tests.cli.conftest import LOCKWARDEN, Cli, alive, hold, on_terminal
+from tests.conftest import wait_for
 
 SCRIPT = """
 held=$(lockwarden hold {options} job) || exit 9

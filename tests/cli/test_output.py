@@ -14,8 +14,7 @@ import pytest
 from lockwarden.cli import main
 from lockwarden.cli.terminal import printable
 from lockwarden.store import Store
-
-from .conftest import Cli, on_terminal
+from tests.cli.conftest import Cli, on_terminal
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import lockwarden
-
-from .conftest import LOCKWARDEN, Cli, alive, hold, wait_for
+from tests.cli.conftest import LOCKWARDEN, Cli, alive, hold
+from tests.conftest import wait_for
 
 
 @pytest.mark.parametrize(

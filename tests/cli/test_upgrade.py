@@ -9,8 +9,7 @@ import pytest
 
 import lockwarden
 from lockwarden.store import check_schema, schema
-
-from .conftest import Cli
+from tests.cli.conftest import Cli
 
 READ_ONLY = [
     ["status"],

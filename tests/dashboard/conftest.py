@@ -14,20 +14,6 @@ import uvicorn
 
 from lockwarden.dashboard import create_app
 from lockwarden.store import Store
-from tests.observe.conftest import (  # noqa: F401 - fixtures
-    Background,
-    connect,
-    etcd_cluster,
-    etcd_url,
-    frozen_cycle,
-    mysql_url,
-    pg_schema,
-    pg_url,
-    sqlite_url,
-    store,
-    url,
-    wait_for,
-)
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 

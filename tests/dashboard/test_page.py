@@ -15,7 +15,8 @@ from lockwarden.dashboard.app import is_loopback
 from lockwarden.dashboard.app import serve as serve_forever
 from lockwarden.errors import LockUsageError
 from lockwarden.store import Store
-from tests.dashboard.conftest import Background, frozen_cycle, wait_for
+from tests.conftest import Background, wait_for
+from tests.observe.conftest import frozen_cycle
 
 SCREENSHOT = Path(__file__).parents[2] / "docs" / "images" / "dashboard.png"
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.store.conftest import PG, pg_admin
+from tests.conftest import PG, pg_admin
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fencing.py"
 

@@ -1,4 +1,4 @@
-"""The store fixtures (a fresh store per backend) serve the observing tests too."""
+"""A cycle of waits that lasts, for the observing tests to look at."""
 
 from __future__ import annotations
 
@@ -8,19 +8,6 @@ import time
 from lockwarden.store import Session, Store
 from lockwarden.store.etcd import EtcdBackend
 from lockwarden.store.etcdkv import put
-from tests.store.conftest import (  # noqa: F401 - fixtures
-    Background,
-    connect,
-    etcd_cluster,
-    etcd_url,
-    mysql_url,
-    pg_schema,
-    pg_url,
-    sqlite_url,
-    store,
-    url,
-    wait_for,
-)
 
 _QUEUE = """
 INSERT INTO {p}lw_waiters (request_id, name, mode, session_id, seq, enqueued_at, expires_at)

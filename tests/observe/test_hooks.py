@@ -12,8 +12,7 @@ from lockwarden import hooks
 from lockwarden.errors import Deadlock
 from lockwarden.observe.prometheus import PrometheusObserver
 from lockwarden.store import Store
-from tests.observe.conftest import Background, wait_for
-from tests.store.conftest import stop_heartbeat
+from tests.conftest import Background, stop_heartbeat, wait_for
 
 
 class Recorder(hooks.Observer):

@@ -8,8 +8,7 @@ import pytest
 
 from lockwarden import LockTimeout
 from lockwarden.store import Store
-
-from .conftest import Background, stop_heartbeat, wait_for
+from tests.conftest import Background, stop_heartbeat, wait_for
 
 
 def test_release_all_takes_only_sessions_no_longer_alive(store: Store) -> None:

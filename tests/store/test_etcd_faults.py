@@ -18,8 +18,7 @@ from chaos.etcd_cluster import EtcdCluster
 from lockwarden import LockLost, LockTimeout, StoreError
 from lockwarden.store import Store
 from lockwarden.store.etcdkv import CALL_BUDGET
-
-from .conftest import Background
+from tests.conftest import Background
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,7 @@ import pytest
 
 import lockwarden
 from lockwarden.store import Store, process
-
-from .conftest import Background, Child
+from tests.conftest import Background, Child
 
 TTL = 30.0
 """Far above anything a test waits: a lock freed in time was freed by exit, not by the TTL."""

@@ -12,8 +12,7 @@ import pytest
 
 from lockwarden import LockTimeout
 from lockwarden.store import Store
-
-from .conftest import Background, Child, lease_slack
+from tests.conftest import Background, Child, lease_slack
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,7 @@ import pytest
 
 from lockwarden import LockLost, LockUsageError, NotHeld
 from lockwarden.store import Store
-
-from .conftest import stop_heartbeat, wait_for
+from tests.conftest import stop_heartbeat, wait_for
 
 
 def test_a_fence_rejects_an_older_token(store: Store) -> None:

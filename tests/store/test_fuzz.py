@@ -27,8 +27,7 @@ from hypothesis import strategies as st
 import lockwarden
 from lockwarden import LockError, Mode
 from lockwarden.store import HeldLock, Session, Store, pgconn
-
-from .conftest import PG, pg_admin
+from tests.conftest import PG, pg_admin
 
 EXAMPLES = int(os.environ.get("LOCKWARDEN_FUZZ_EXAMPLES", "500"))
 

@@ -17,8 +17,7 @@ from lockwarden import Deadlock, LockTimeout
 from lockwarden.store import Session, Store
 from lockwarden.store.backend import AcquireRequest
 from lockwarden.store.wakeups import Subscription
-
-from .conftest import Background, pg_admin, stop_heartbeat, wait_for
+from tests.conftest import Background, pg_admin, stop_heartbeat, wait_for
 
 
 @pytest.fixture(params=["pg_url", "sqlite_url"])

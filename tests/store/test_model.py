@@ -31,8 +31,7 @@ from lockwarden.store import Store
 from lockwarden.store.backend import AcquireRequest
 from lockwarden.store.postgres import PostgresBackend
 from lockwarden.store.sqlite import SQLiteBackend
-
-from .conftest import empty_locks
+from tests.conftest import empty_locks
 
 NAMES = ("a", "b", "c")
 SESSIONS = 3

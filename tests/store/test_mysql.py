@@ -20,8 +20,7 @@ import lockwarden
 from lockwarden.store import Store
 from lockwarden.store.mysql import DIALECT
 from lockwarden.store.queries import CLEAN, DEADLOCK_EDGES, IN_THE_WAY, RECLAIM_DELETE
-
-from .conftest import Background, mysql_admin, wait_for
+from tests.conftest import Background, mysql_admin, wait_for
 
 
 def _connections(database: str) -> list[int]:

@@ -20,8 +20,8 @@ import lockwarden
 from lockwarden import NotHeld, StoreError
 from lockwarden.store import pgconn
 from lockwarden.store.postgres import PostgresBackend
+from tests.conftest import PG, Background, pg_admin, wait_for
 
-from .conftest import PG, Background, pg_admin, wait_for
 from .proxy import Proxy
 
 pytestmark = pytest.mark.slow

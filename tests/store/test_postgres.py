@@ -13,8 +13,7 @@ import pytest
 import lockwarden
 from lockwarden import LockTimeout, StoreError
 from lockwarden.store import Store, plpgsql
-
-from .conftest import Background, pg_admin, wait_for
+from tests.conftest import Background, pg_admin, wait_for
 
 
 @pytest.fixture

@@ -9,8 +9,7 @@ import pytest
 import lockwarden
 from lockwarden import LockLost, StoreError
 from lockwarden.store import Store, check_schema, schema
-
-from .conftest import URLS
+from tests.conftest import URLS
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -22,8 +22,7 @@ from lockwarden import (
 )
 from lockwarden.store import HeldLock, Stamp, Store
 from lockwarden.store.backend import AcquireRequest
-
-from .conftest import Background, lease_slack, resume_heartbeat, stop_heartbeat, wait_for
+from tests.conftest import Background, lease_slack, resume_heartbeat, stop_heartbeat, wait_for
 
 
 def test_lock_release_and_tokens_grow(store: Store) -> None:

@@ -12,8 +12,7 @@ import pytest
 
 from lockwarden.modes import Mode
 from lockwarden.store import Store, queries, sqlite
-
-from .conftest import Background, Child, wait_for
+from tests.conftest import Background, Child, wait_for
 
 
 @pytest.fixture

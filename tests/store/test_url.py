@@ -23,8 +23,7 @@ from lockwarden import LockUsageError, StoreError
 from lockwarden.store import pgconn
 from lockwarden.store.etcdkv import CALL_BUDGET
 from lockwarden.store.url import _KEYWORDS, mysql_options, parse_url
-
-from .conftest import PG, pg_admin
+from tests.conftest import PG, pg_admin
 
 LOCKWARDEN = Path(sys.executable).with_name("lockwarden")
 

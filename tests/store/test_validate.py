@@ -16,8 +16,7 @@ import pytest
 import lockwarden
 from lockwarden import LockUsageError, NotHeld
 from lockwarden.store import Session, Store, validate
-
-from .conftest import Background, wait_for
+from tests.conftest import Background, wait_for
 
 LONG = "é" * 256 + "x"  # 513 bytes of UTF-8, 257 characters
 
