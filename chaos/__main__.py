@@ -37,6 +37,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--allow-restart", action="store_true", help="the nemesis may restart PostgreSQL"
     )
     parser.add_argument("--restart-every", type=float, default=300.0, help="at most one per")
+    parser.add_argument(
+        "--crash",
+        action="store_true",
+        help="restarts are crashes (immediate shutdown: the server recovers from its log)",
+    )
+    parser.add_argument(
+        "--durability",
+        choices=("durable", "relaxed"),
+        default="durable",
+        help="the workers' connect(durability=...); relaxed is PostgreSQL's only",
+    )
     parser.add_argument("--pg", default=PG_DEFAULT, help="PostgreSQL URL (a schema is added)")
     parser.add_argument(
         "--mysql", default=MYSQL_DEFAULT, help="MySQL server URL (a database is added)"
@@ -53,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(
             "the control run (--no-fencing) has plain registers on sqlite and postgres only"
         )
+    if args.crash and not args.allow_restart:
+        parser.error("--crash says how the server restarts: give --allow-restart too")
+    if args.durability == "relaxed" and args.backend != "postgres":
+        parser.error("--durability relaxed is for PostgreSQL only")
     if args.backend == "mysql" and args.allow_restart:
         parser.error("--allow-restart restarts PostgreSQL only (never the shared MariaDB)")
 
@@ -79,6 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             fencing=not args.no_fencing,
             allow_restart=args.allow_restart,
             restart_every=args.restart_every,
+            crash=args.crash,
+            durability=args.durability,
             fault_every=args.fault_every,
         )
         try:

@@ -614,6 +614,8 @@ def summarize(h: History) -> dict[str, Any]:
                 "ttl",
                 "fencing",
                 "allow_restart",
+                "crash",
+                "durability",
                 "run_id",
             )
         },

@@ -34,6 +34,12 @@ class Config:
     allow_restart: bool = False
     restart_every: float = 300.0
     """At most one PostgreSQL restart per this many seconds (others share the server)."""
+    crash: bool = False
+    """Restarts are crashes: an immediate shutdown, which skips the checkpoint and makes
+    the server recover from its log (commits not yet flushed are lost)."""
+    durability: str = "durable"
+    """The workers' `lockwarden.connect(durability=...)`: "relaxed" loses recent grants
+    and releases in a crash, the case `crash` tests."""
     fault_every: float = 3.0
     """Mean seconds between the nemesis's faults."""
 

@@ -11,6 +11,8 @@ One fault at a time, a random interval apart (exponential, mean
 - ``restart`` (PostgreSQL, with ``--allow-restart``) — restart the server,
   the first time half ``restart_every`` into the run, then every
   ``restart_every`` seconds, no more often (others may share the server);
+  with ``--crash`` an immediate shutdown, so the server recovers from its
+  log and forgets what relaxed durability had not flushed;
 - ``member-kill`` (etcd) — SIGKILL one member of the cluster (the leader half
   the time) and start it again 0.5 to 3 s later; ``member-pause`` — SIGSTOP
   one member for 0.5 to 3 s. One member at a time: a majority stays up.
@@ -91,10 +93,13 @@ MEMBER_DOWN = (0.5, 3.0)
 """Seconds an etcd member stays killed or paused."""
 
 
-def pg_restart_command() -> list[str]:
-    """Restart the local PostgreSQL cluster (the machine's only version, cluster ``main``)."""
+def pg_restart_command(*, crash: bool = False) -> list[str]:
+    """Restart the local PostgreSQL cluster (the machine's only version, cluster ``main``):
+    a fast shutdown, or with ``crash`` an immediate one (no checkpoint: the server
+    recovers from its log at the start, as after a power cut)."""
     [version] = os.listdir("/etc/postgresql")
-    return ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"]
+    mode = ["--mode", "immediate"] if crash else []
+    return ["pg_ctlcluster", "--skip-systemctl-redirect", *mode, version, "main", "restart"]
 
 
 class Nemesis(threading.Thread):
@@ -231,8 +236,15 @@ class Nemesis(threading.Thread):
     def restart(self) -> None:
         """Restart the PostgreSQL server; the record says how long it took and whether it worked."""
         self._last_restart = time.monotonic()
-        self.history.write("fault", fault="restart", wall=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
-        done = subprocess.run(pg_restart_command(), capture_output=True, text=True, check=False)
+        self.history.write(
+            "fault",
+            fault="restart",
+            crash=self.config.crash,
+            wall=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        )
+        done = subprocess.run(
+            pg_restart_command(crash=self.config.crash), capture_output=True, text=True, check=False
+        )
         self.history.write(
             "fault", fault="restarted", returncode=done.returncode, stderr=done.stderr[-300:]
         )

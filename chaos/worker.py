@@ -131,7 +131,9 @@ class Worker:
         self.history = HistoryWriter(config.history)
         self.board = Board(config.board, config.workers)
         self.parent = os.getppid()
-        self.store = self._until_reachable(lambda: lockwarden.connect(config.worker_url(slot)))
+        self.store = self._until_reachable(
+            lambda: lockwarden.connect(config.worker_url(slot), durability=config.durability)
+        )
         self.registers = registers_for(config, self.store, config.application_name(slot))
 
     def run(self) -> None:

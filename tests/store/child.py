@@ -2,7 +2,9 @@
 
 Run as ``python child.py ROLE URL ...``; it reports on stdout and takes
 commands on stdin, one JSON object or word per line. With ``LW_SKEW=<seconds>``
-in its environment, its wall clock (time.time and datetime) is that far off.
+in its environment, its wall clock (time.time and datetime) is that far off, and a
+holder's ``step <seconds>`` command moves it further, at once, as an administrator's
+``date -s`` or a bad NTP server would (the monotonic clock never jumps).
 """
 
 from __future__ import annotations
@@ -15,21 +17,26 @@ import time
 from pathlib import Path
 from typing import Any
 
+SKEW = [0.0]
+"""Seconds the wall clock is off (`skew_clock`); a ``step`` adds to it."""
+
 
 def skew_clock(seconds: float) -> None:
+    SKEW[0] = seconds
     real_time, real_time_ns = time.time, time.time_ns
-    time.time = lambda: real_time() + seconds
-    time.time_ns = lambda: real_time_ns() + int(seconds * 1e9)
-    shift = datetime.timedelta(seconds=seconds)
+    time.time = lambda: real_time() + SKEW[0]
+    time.time_ns = lambda: real_time_ns() + int(SKEW[0] * 1e9)
 
     class SkewedDatetime(datetime.datetime):
         @classmethod
         def now(cls, tz: Any = None) -> Any:
-            return super().now(tz) + shift
+            return super().now(tz) + datetime.timedelta(seconds=SKEW[0])
 
         @classmethod
         def utcnow(cls) -> Any:
-            return super().now(datetime.UTC).replace(tzinfo=None) + shift
+            return super().now(datetime.UTC).replace(tzinfo=None) + datetime.timedelta(
+                seconds=SKEW[0]
+            )
 
     datetime.datetime = SkewedDatetime  # type: ignore[misc]
 
@@ -71,6 +78,9 @@ def holder(store: Any, name: str, ttl: float) -> None:
             elif command == "release":
                 lock.release()
                 say(released=True)
+            elif command.startswith("step "):
+                SKEW[0] += float(command.split()[1])
+                say(skew=SKEW[0])
             elif command == "exit":
                 break
         except lockwarden.LockLost as exc:

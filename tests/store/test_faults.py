@@ -74,6 +74,25 @@ def test_frozen_holder_is_reclaimed_once_and_learns_it_on_resume(
     holder.send("exit")
 
 
+def test_a_holder_whose_clock_jumps_keeps_its_lock(
+    store: Store, url: str, children: Callable[..., Child]
+) -> None:
+    """Leases run on the store's clock and waits on the monotonic one: a wall clock
+    stepped forward by a day, then back by two, changes nothing for its locks."""
+    holder = children("holder", url, "stepped", str(TTL), env={"LW_SKEW": "0"})
+    token = holder.expect()["token"]
+    for step in (86400.0, -2 * 86400.0):
+        assert holder.send(f"step {step}")["skew"] != 0
+        with store.session(app_id="waiter") as s, pytest.raises(LockTimeout):
+            s.lock("stepped", timeout=2 * TTL)  # longer than the TTL: the holder beats on
+        assert holder.send("check") == {"held": True}
+    assert [e.token for e in store.locks("stepped")] == [token]
+    assert holder.send("release") == {"released": True}
+    holder.send("exit")
+    assert holder.finish() == 0
+    assert store.locks("stepped") == []
+
+
 @pytest.mark.parametrize("skew", [3 * 3600.0, -3 * 3600.0])
 def test_a_client_clock_hours_off_changes_nothing(
     store: Store, url: str, children: Callable[..., Child], skew: float
