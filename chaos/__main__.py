@@ -43,6 +43,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="restarts are crashes (immediate shutdown: the server recovers from its log)",
     )
     parser.add_argument(
+        "--clock-steps",
+        action="store_true",
+        help="the nemesis also steps workers' wall clocks, 6 hours forward or back",
+    )
+    parser.add_argument(
         "--durability",
         choices=("durable", "relaxed"),
         default="durable",
@@ -95,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             allow_restart=args.allow_restart,
             restart_every=args.restart_every,
             crash=args.crash,
+            clock_steps=args.clock_steps,
             durability=args.durability,
             fault_every=args.fault_every,
         )

@@ -616,6 +616,7 @@ def summarize(h: History) -> dict[str, Any]:
                 "allow_restart",
                 "crash",
                 "durability",
+                "clock_steps",
                 "run_id",
             )
         },

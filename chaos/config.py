@@ -37,6 +37,8 @@ class Config:
     crash: bool = False
     """Restarts are crashes: an immediate shutdown, which skips the checkpoint and makes
     the server recover from its log (commits not yet flushed are lost)."""
+    clock_steps: bool = False
+    """The nemesis also steps workers' wall clocks (`chaos.clock`)."""
     durability: str = "durable"
     """The workers' `lockwarden.connect(durability=...)`: "relaxed" loses recent grants
     and releases in a crash, the case `crash` tests."""

@@ -16,6 +16,8 @@ One fault at a time, a random interval apart (exponential, mean
 - ``member-kill`` (etcd) — SIGKILL one member of the cluster (the leader half
   the time) and start it again 0.5 to 3 s later; ``member-pause`` — SIGSTOP
   one member for 0.5 to 3 s. One member at a time: a majority stays up.
+- ``clock-step`` (with ``--clock-steps``) — step one worker's wall clock
+  6 hours forward or back (`chaos.clock`); its monotonic clock goes on.
 - ``kill-writer`` (SQLite) — SIGKILL a worker *inside* a write transaction.
   It is found by freezing a worker (SIGSTOP), and looking in ``/proc/locks``
   for its exclusive lock on byte 120 of the database's ``-shm`` file, the
@@ -43,6 +45,7 @@ from typing import Protocol
 
 import psycopg
 
+from chaos import clock
 from chaos.config import Config
 from chaos.history import HistoryWriter
 from chaos.worker import Board
@@ -128,6 +131,8 @@ class Nemesis(threading.Thread):
             self._faults["kill-connections"] = self.kill_connections
         elif config.backend == "sqlite":
             self._faults["kill-writer"] = self.kill_writer
+        if config.clock_steps:
+            self._faults["clock-step"] = self.clock_step
         if members is not None:
             self._faults["member-kill"] = self.member_kill
             self._faults["member-pause"] = self.member_pause
@@ -194,6 +199,24 @@ class Nemesis(threading.Thread):
         finally:
             os.kill(pid, signal.SIGCONT)
             self.history.write("fault", fault="resume", slot=slot, pid=pid)
+
+    def clock_step(self) -> None:
+        """Step one worker's wall clock `chaos.clock.STEP` seconds forward or back."""
+        if (victim := self._victim()) is None:
+            return
+        slot, pid = victim
+        forward = self.rng.random() < 0.5
+        state = self._state(slot)
+        with contextlib.suppress(ProcessLookupError):  # it died meanwhile
+            os.kill(pid, clock.FORWARD if forward else clock.BACK)
+            self.history.write(
+                "fault",
+                fault="clock-step",
+                slot=slot,
+                pid=pid,
+                state=state,
+                seconds=clock.STEP if forward else -clock.STEP,
+            )
 
     def terminate(self) -> None:
         """Drop the PostgreSQL connections of one worker (mostly) or of all of them."""

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import lockwarden
+from chaos import clock
 from chaos.config import Config
 from chaos.history import HistoryWriter
 from chaos.registers import registers_for
@@ -260,7 +261,10 @@ def _held_by(store: Store, session: Session, names: list[str]) -> list[str]:
 
 def main(argv: list[str]) -> None:
     config_json, slot, incarnation = argv
-    Worker(Config.from_json(config_json), int(slot), int(incarnation)).run()
+    config = Config.from_json(config_json)
+    if config.clock_steps:
+        clock.install()
+    Worker(config, int(slot), int(incarnation)).run()
 
 
 if __name__ == "__main__":
