@@ -6,7 +6,7 @@ counts is in the way — a holder of the other mode, a queued request ahead of
 it in the other mode, or its own mode at the permit cap counting holders and
 requests ahead. A queued request of a session holding locks is refused as a
 deadlock iff the waits-for graph has a cycle through its session. Where the
-backend grants on release (PostgreSQL, SQLite), a release or a give-up then grants,
+backend grants on release (PostgreSQL, SQLite, MySQL), a release or a give-up then grants,
 in arrival order, every queued request on its names that nothing is in the
 way of any more.
 """
@@ -29,6 +29,7 @@ from hypothesis.stateful import (
 
 from lockwarden.store import Store
 from lockwarden.store.backend import AcquireRequest
+from lockwarden.store.mysql import MySQLBackend
 from lockwarden.store.postgres import PostgresBackend
 from lockwarden.store.sqlite import SQLiteBackend
 from tests.conftest import empty_locks
@@ -54,7 +55,7 @@ class Request:
 
 def test_grant_decisions_match_the_model(store: Store) -> None:
     backend = store._backend
-    grants_on_release = isinstance(backend, PostgresBackend | SQLiteBackend)
+    grants_on_release = isinstance(backend, PostgresBackend | SQLiteBackend | MySQLBackend)
     sessions = [store.session(app_id=f"m{i}", ttl=600) for i in range(SESSIONS)]
     for s in sessions:
         store._heartbeat.remove(s)  # the model steps run quickly; no beats in between needed

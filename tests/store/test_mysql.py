@@ -6,11 +6,14 @@ directory (its own port and socket), never to the shared server.
 
 from __future__ import annotations
 
+import itertools
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,7 @@ import lockwarden
 from lockwarden.store import Store
 from lockwarden.store.mysql import DIALECT
 from lockwarden.store.queries import CLEAN, DEADLOCK_EDGES, IN_THE_WAY, RECLAIM_DELETE
-from tests.conftest import Background, mysql_admin, wait_for
+from tests.conftest import Background, Child, mysql_admin, wait_for
 
 
 def _connections(database: str) -> list[int]:
@@ -33,6 +36,28 @@ def _kill(ids: list[int]) -> None:
     with mysql_admin() as conn, conn.cursor() as cur:
         for conn_id in ids:
             cur.execute(f"KILL {int(conn_id)}")
+
+
+def _stop_between_transactions(pid: int, database: str) -> None:
+    """SIGSTOP a process when none of its transactions holds a row lock: stopped inside
+    one, it would keep everyone else waiting for InnoDB's lock wait timeout."""
+    found = ()
+    for _ in range(100):
+        os.kill(pid, signal.SIGSTOP)
+        with mysql_admin() as conn, conn.cursor() as cur:
+            cur.execute(
+                "SELECT t.trx_mysql_thread_id, p.INFO, t.trx_state, t.trx_started"
+                " FROM information_schema.INNODB_TRX AS t"
+                " JOIN information_schema.PROCESSLIST AS p ON p.ID = t.trx_mysql_thread_id"
+                " WHERE p.DB = %s AND t.trx_lock_structs > 0",
+                (database,),
+            )
+            found = cur.fetchall()
+            if not found:
+                return
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} never left its transactions: {found}")
 
 
 def test_the_shared_text_is_rewritten_where_mariadb_differs() -> None:
@@ -62,6 +87,52 @@ def test_a_waiter_in_another_store_is_woken_by_its_doorbell(mysql_url: str) -> N
     finally:
         holder_store.close()
         waiter_store.close()
+
+
+def test_a_release_grants_the_head_of_the_queue_itself(
+    mysql_url: str, children: Callable[..., Child]
+) -> None:
+    """The release lets the waiter in within its own transaction: a waiter frozen with
+    SIGSTOP holds the lock as soon as the release returns, and wakes up holding it."""
+    store = lockwarden.connect(mysql_url)
+    try:
+        with store.session(app_id="first") as s:
+            held = s.lock("handed")
+            child = children("waiter", mysql_url, "handed", "30")
+            wait_for(lambda: store.waiters("handed"), what="the waiter to queue")
+            _stop_between_transactions(child.pid, mysql_url.rsplit("/", 1)[1])
+            try:
+                held.release()
+                holders = [(e.holder.app_id, e.holder.pid, e.token) for e in store.locks("handed")]
+            finally:
+                os.kill(child.pid, signal.SIGCONT)
+            assert holders == [("waiter", child.pid, holders[0][2])]
+            assert holders[0][2] > held.token
+            assert child.expect() == {"event": "locked", "token": holders[0][2]}
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_processes_contending_for_one_lock_take_turns(
+    mysql_url: str, children: Callable[..., Child]
+) -> None:
+    """Each release hands the lock to the longest waiter, and rings only its process: four
+    processes looping on one lock get a quarter each, and none wins twice in a row."""
+    contenders = [children("contender", mysql_url, "turns", "4") for _ in range(4)]
+    for child in contenders:
+        assert child.expect()["event"] == "ready"
+    for child in contenders:
+        assert child.proc.stdin is not None
+        child.proc.stdin.write("go\n")
+        child.proc.stdin.flush()
+    tokens = [child.expect(timeout=60)["tokens"] for child in contenders]
+    order = [who for _, who in sorted((t, i) for i, ts in enumerate(tokens) for t in ts)]
+    steady = order[max(order.index(i) for i in range(len(contenders))) :]  # once all queued
+    shares = [steady.count(i) / len(steady) for i in range(len(contenders))]
+    assert all(0.15 <= share <= 0.35 for share in shares), order
+    repeats = sum(a == b for a, b in itertools.pairwise(steady))
+    assert repeats <= 0.05 * len(steady), order
 
 
 def test_killed_connections_are_replaced_and_the_doorbell_rehung(mysql_url: str) -> None:

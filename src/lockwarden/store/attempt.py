@@ -1,24 +1,36 @@
 """One attempt of the acquire algorithm, in Python, for the backends that run it client-side.
 
-SQLite and MySQL run the steps of the design note ("Acquire") here, statement
-by statement, inside a transaction their backend opened and serialized;
-PostgreSQL runs the same shared statements inside PL/pgSQL (`plpgsql`). What
-differs between the two client-side backends is passed in as `Engine`: how a
-counter of ``lw_meta`` hands out values, and how deadlock checks are
-serialized (SQLite's single writer already does it; MySQL locks a row).
+SQLite and MySQL run the steps of the design note ("Acquire", and the grant
+of "Release") here, statement by statement, inside a transaction their
+backend opened and serialized; PostgreSQL runs the same shared statements
+inside PL/pgSQL (`plpgsql`). What differs between the two client-side
+backends is passed in as `Engine`: how a counter of ``lw_meta`` hands out
+values, how deadlock checks are serialized (SQLite's single writer already
+does it; MySQL locks a row), and how a grant takes the locks of a
+multi-lock's other names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lockwarden.store import queries
 from lockwarden.store.backend import AcquireRequest, Attempt, Row, Run
+from lockwarden.store.wakeups import Tokens
+
+Told = tuple[str, str, Tokens | None]
+"""Whom a release tells after its commit: (request id, session id, tokens granted to
+it — one name's; None for a multi-lock, or for a request that must attempt again)."""
 
 
 def _nothing(run: Run) -> None:
     """Deadlock checks need no lock of their own (the transaction excludes all others)."""
+
+
+def _all_locked(run: Run, names: Sequence[str]) -> bool:
+    """Every name is locked already (the transaction excludes all others)."""
+    return True
 
 
 @dataclass(frozen=True)
@@ -30,6 +42,10 @@ class Engine:
     counter ("token" or "seq"), in this transaction; return the first."""
     lock_graph: Callable[[Run], None] = _nothing
     """Serialize deadlock checks, so of two requests closing a cycle the second sees the first."""
+    try_lock: Callable[[Run, Sequence[str]], bool] = _all_locked
+    """``try_lock(run, names)``: lock ``names`` (a multi-lock's names beside the ones a
+    release locked) if that can be done at once, and say whether it was. Taken out of
+    order, these locks must never be waited for: two grants could wait on each other."""
 
 
 def attempt(
@@ -99,3 +115,51 @@ def attempt(
 
 def _tokens(rows: list[Row]) -> dict[str, int]:
     return {row["name"]: row["token"] for row in rows}
+
+
+def grant(run: Run, released: Sequence[str], engine: Engine) -> list[Told]:
+    """Let in whoever the released names now admit, in queue order (design note, "Release").
+
+    The steps of PostgreSQL's ``lw_grant`` (`plpgsql`), with the same statements,
+    run in the release's transaction, which holds the locks of ``released``. A
+    multi-lock is granted only if the locks of its other names are free at once
+    (`Engine.try_lock`); otherwise it is told to attempt for itself. Returns whom
+    to tell after the commit: each granted request, each multi-lock left to
+    itself, and the waiters left on the names whose sessions hold locks (their
+    attempt runs the deadlock check a grant may now complete).
+    """
+    told: list[Told] = []
+    closed: set[str] = set()
+    candidates = run(queries.GRANT_CANDIDATES, {"names": released})
+    if not candidates:  # nobody who could be let in waits: nobody to tell either
+        return told
+    for candidate in candidates:
+        if closed.issuperset(released):
+            break
+        params: dict[str, object] = {
+            "session": candidate["session_id"],
+            "request": candidate["request_id"],
+            "seq": candidate["seq"],
+            "refuse": False,  # a dead holder in the way is for the waiter to judge
+        }
+        items = run(queries.WAITING_ITEMS, params)
+        if closed.intersection(item["name"] for item in items):
+            continue  # behind a waiter blocked there: blocked too
+        others = [item["name"] for item in items if item["name"] not in released]
+        if others and not engine.try_lock(run, others):
+            told.append((candidate["request_id"], candidate["session_id"], None))
+            continue
+        blocker = next((item for item in items if run(queries.IN_THE_WAY, params | item)), None)
+        if blocker is not None:
+            if blocker["name"] in released:
+                closed.add(blocker["name"])
+            continue
+        params["names"] = [item["name"] for item in items]
+        params["modes"] = [item["mode"] for item in items]
+        first = engine.reserve(run, "token", len(items))
+        tokens = run(queries.INSERT_HOLDERS, params | {"first_token": first})
+        run(queries.DEQUEUE, params)
+        one = (tokens[0]["token"],) if len(tokens) == 1 else None
+        told.append((candidate["request_id"], candidate["session_id"], one))
+    held = run(queries.HOLDING_WAITERS, {"names": released})
+    return told + [(row["request_id"], row["session_id"], None) for row in held]

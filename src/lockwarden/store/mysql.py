@@ -36,7 +36,7 @@ from typing import Any, Final, TypeVar
 
 from lockwarden.errors import StoreError
 from lockwarden.store import queries
-from lockwarden.store.attempt import Engine, attempt
+from lockwarden.store.attempt import Engine, Told, attempt, grant
 from lockwarden.store.backend import (
     AcquireRequest,
     Attempt,
@@ -195,6 +195,14 @@ _WAITING_PROCESS: Final = (
     "EXISTS (SELECT 1 FROM lw_waiters AS w JOIN lw_sessions AS s ON s.id = w.session_id"
     " WHERE w.name {in_names} AND s.host = d.host AND s.pid = d.pid)"
 )
+# Whose doorbells a grant rings: the processes of the sessions it tells.
+_SESSION_PROCESS: Final = (
+    "EXISTS (SELECT 1 FROM lw_sessions AS s WHERE s.id IN (SELECT j.id FROM"
+    " JSON_TABLE(:sessions, '$[*]' COLUMNS (id VARCHAR(64) PATH '$')) AS j)"
+    " AND s.host = d.host AND s.pid = d.pid)"
+)
+_QUEUED: Final = "SELECT 1 AS queued FROM lw_waiters WHERE name {in_names} LIMIT 1"
+"""A row if anyone waits for one of the names."""
 _RING: Final = "UPDATE lw_doorbells AS d SET rings = rings + 1 WHERE d.id <> :me AND ({who})"
 _LISTENING: Final = (
     "SELECT d.conn_id FROM lw_doorbells AS d"
@@ -372,7 +380,7 @@ class MySQLBackend(SQLBackend):
                 last: int = cur.lastrowid
             return last - n + 1
 
-        return Engine(reserve=reserve, lock_graph=self._lock_graph)
+        return Engine(reserve=reserve, lock_graph=self._lock_graph, try_lock=_try_lock)
 
     def _lock_graph(self, run: Run) -> None:
         run("SELECT id FROM lw_buckets WHERE id = :graph FOR UPDATE", {"graph": GRAPH_KEY})
@@ -436,40 +444,52 @@ class MySQLBackend(SQLBackend):
 
     def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
         params = {"session": session_id, "request": request_id, "names": names}
-        # The whole transaction in one round trip: begin and lock the buckets,
-        # delete the grant and the queue entries, ring, commit. Holding the
-        # names' locks, no waiter can queue unseen between the ring and the
-        # commit, so a release nobody waits for knocks on no door.
+        # The first round trip opens the transaction, locks the buckets, deletes the
+        # grant and any queue entries, and asks whether anyone waits for the names.
+        # Holding the names' locks, no waiter can queue unseen before the commit:
+        # a release nobody waits for is that and its commit.
         text = "; ".join(
             (
                 _begin(names),
                 self.dialect.render(queries.RELEASE),
                 self.dialect.render(queries.DEQUEUE),
-                self.dialect.render(_RING.format(who=_WAITING_PROCESS)),
-                "COMMIT",
+                self.dialect.render(_QUEUED),
             )
         )
-        bound = _bound({**params, "me": self._doorbell})
+        bound = _bound(params)
         sent = 0
 
-        def work(conn: Connection) -> tuple[int, int]:
+        def work(conn: Connection) -> tuple[int, list[Told], int]:
             nonlocal sent
             sent += 1
             self.stats.add("statements")
-            found: list[tuple[int, int]] = []  # each statement's (rows returned, rows changed)
+            found: list[int] = []  # rows each statement returned
             with conn.cursor() as cur:
                 cur.execute(text, bound)
                 while True:
-                    found.append((len(cur.fetchall()) if cur.description else 0, cur.rowcount))
+                    found.append(len(cur.fetchall()) if cur.description else 0)
                     if not cur.nextset():
                         break
-            released, rung = found[-4][0], found[-2][1]
-            return released, rung
+            released, queued = found[-3], found[-1]
+            told: list[Told] = []
+            rung = 0
+            if queued:
+                # The waiters the release lets in are granted here, in queue order, and
+                # only their processes are rung (design note, "Release").
+                def run(sql: str, values: Params | None = None) -> list[Row]:
+                    return self._execute(conn, self.dialect.render(sql), values)
 
-        deleted, rung = self._run(work)
-        self.wakeups.wake(names)
+                told = grant(run, names, self._engine(conn))
+                if told:
+                    rung = self._ring(conn, _SESSION_PROCESS, {"sessions": _sessions(told)})
+            self._execute(conn, "COMMIT")
+            return released, told, rung
+
+        deleted, told, rung = self._run(work)
+        for request, _, tokens in told:  # after the commit: a woken waiter holds its grant
+            self.wakeups.address(request, tokens)
         if rung:
-            self._knock(_WAITING_PROCESS, params)
+            self._knock(_SESSION_PROCESS, {"sessions": _sessions(told)})
         # As on PostgreSQL: a release resent after its connection dropped finds
         # nothing when the first one committed, and counts as released.
         return len(names) if sent > 1 and deleted == 0 else deleted
@@ -585,6 +605,20 @@ def _begin(names: Sequence[str]) -> str:
     ids = ", ".join(map(str, sorted({bucket(name) for name in names})))
     lock = f"SELECT id FROM lw_buckets WHERE id IN ({ids}) ORDER BY id FOR UPDATE"
     return f"START TRANSACTION; {lock}"
+
+
+def _try_lock(run: Run, names: Sequence[str]) -> bool:
+    """Lock the bucket rows of ``names`` if none is locked by another transaction
+    (`Engine.try_lock`): taken out of bucket order, they are never waited for."""
+    ids = sorted({bucket(name) for name in names})
+    got = run(
+        f"SELECT id FROM lw_buckets WHERE id IN ({', '.join(map(str, ids))}) FOR UPDATE SKIP LOCKED"
+    )
+    return len(got) == len(ids)
+
+
+def _sessions(told: Sequence[Told]) -> list[str]:
+    return sorted({session for _, session, _ in told})
 
 
 def _bound(params: Params) -> dict[str, object]:

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from lockwarden.errors import StoreError
 from lockwarden.store import queries
-from lockwarden.store.attempt import Engine, attempt
+from lockwarden.store.attempt import Engine, Told, attempt, grant
 from lockwarden.store.backend import (
     AcquireRequest,
     Attempt,
@@ -45,7 +45,6 @@ from lockwarden.store.backend import (
 )
 from lockwarden.store.plpgsql import TAG_LENGTH
 from lockwarden.store.url import StoreURL
-from lockwarden.store.wakeups import Tokens
 
 T = TypeVar("T")
 
@@ -319,7 +318,7 @@ class SQLiteBackend(SQLBackend):
     def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
         params = {"session": session_id, "request": request_id, "names": names}
 
-        def work(run: Run) -> tuple[int, list[tuple[str, str, Tokens | None]]]:
+        def work(run: Run) -> tuple[int, list[Told]]:
             gone = run(_RELEASE, params)
             if len(gone) < len(names):
                 # An abandon (or a stamp that lost a lock). A request holding all its
@@ -327,7 +326,7 @@ class SQLiteBackend(SQLBackend):
                 run(queries.DEQUEUE, params)
             elif not any(row["queued"] for row in gone):
                 return len(gone), []  # nobody to let in
-            return len(gone), _grant(run, names)
+            return len(gone), grant(run, names, _ENGINE)
 
         deleted, told = self._in_transaction(work)
         self._poke(told)  # after the commit: a woken waiter holds its grant
@@ -340,7 +339,7 @@ class SQLiteBackend(SQLBackend):
         waiter's own store (`_inbox_address`)."""
         return secrets.token_hex(16) + self._tag
 
-    def _poke(self, told: list[tuple[str, str, Tokens | None]]) -> None:
+    def _poke(self, told: list[Told]) -> None:
         """Tell each request what a release did: here directly, in another process
         through its store's inbox. A poke that cannot be sent (the process is gone,
         or its inbox full) is left to that process's poller."""
@@ -438,45 +437,3 @@ def _drain(ready: list[socket.socket]) -> Iterator[bytes]:
                 yield sock.recv(256)
             except BlockingIOError:
                 break
-
-
-def _grant(run: Run, released: Sequence[str]) -> list[tuple[str, str, Tokens | None]]:
-    """Let in whoever the released names now admit, in queue order (design note, "Release").
-
-    The steps of PostgreSQL's ``lw_grant`` (`plpgsql`), with the same statements;
-    SQLite's write lock covers every name, so a multi-lock's other names need no
-    locks of their own. Returns whom to tell after the commit: each granted
-    request (and its session) with its token (one name; None for a multi-lock, whose attempt reads
-    its tokens), and the waiters left on the names whose sessions hold locks,
-    with None (their attempt runs the deadlock check a grant may now complete).
-    """
-    told: list[tuple[str, str, Tokens | None]] = []
-    closed: set[str] = set()
-    candidates = run(queries.GRANT_CANDIDATES, {"names": released})
-    if not candidates:  # nobody who could be let in waits: nobody to tell either
-        return told
-    for candidate in candidates:
-        if closed.issuperset(released):
-            break
-        params: dict[str, object] = {
-            "session": candidate["session_id"],
-            "request": candidate["request_id"],
-            "seq": candidate["seq"],
-            "refuse": False,  # a dead holder in the way is for the waiter to judge
-        }
-        items = run(queries.WAITING_ITEMS, params)
-        if closed.intersection(item["name"] for item in items):
-            continue  # behind a waiter blocked there: blocked too
-        blocker = next((item for item in items if run(queries.IN_THE_WAY, params | item)), None)
-        if blocker is not None:
-            if blocker["name"] in released:
-                closed.add(blocker["name"])
-            continue
-        params["names"] = [item["name"] for item in items]
-        params["modes"] = [item["mode"] for item in items]
-        tokens = run(queries.INSERT_HOLDERS, params)
-        run(queries.DEQUEUE, params)
-        one = (tokens[0]["token"],) if len(tokens) == 1 else None
-        told.append((candidate["request_id"], candidate["session_id"], one))
-    held = run(queries.HOLDING_WAITERS, {"names": released})
-    return told + [(row["request_id"], row["session_id"], None) for row in held]
