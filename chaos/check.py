@@ -636,6 +636,7 @@ def summarize(h: History) -> dict[str, Any]:
         "liveness": liveness(h),
         "registers": registers,
         "cleaned": None if h.final is None else h.final.get("cleaned"),
+        "reclaimed": None if h.final is None else h.final.get("reclaimed"),
     }
 
 
@@ -684,6 +685,10 @@ def report(summary: dict[str, Any]) -> str:
         f"longest silence of a process: {live['longest_silence']['seconds']} s "
         "(an acquire timing out or a pause: about 5 s; a hang: much more)"
     )
+    if summary.get("reclaimed") is not None:  # older summaries lack it
+        lines.append(
+            f"locks reclaimed from dead holders (the store's count): {summary['reclaimed']}"
+        )
     for restart in live["restarts"]:
         lines.append(
             f"database restart at {restart['at']}: {restart['seconds']} s, next grant "

@@ -186,6 +186,7 @@ def _record_final(config: Config, history: HistoryWriter) -> None:
         history.write(
             "final",
             cleaned=asdict(cleaned),
+            reclaimed=store.reclaimed_count(),
             locks=[[e.name, e.mode.value, e.token, e.holder.session_id] for e in store.locks()],
             waiters=[[w.name, w.mode.value, w.session_id] for w in store.waiters()],
             registers={name: registers.final(name) for name in config.lock_names},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -10,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from lockwarden.observe import Snapshot
 from lockwarden.observe.metrics import OTHER, OVERRIDES, StoreCollector
 from lockwarden.store import Store
-from tests.conftest import Background, stop_heartbeat, wait_for
+from tests.conftest import Background, Child, stop_heartbeat, wait_for
 from tests.observe.conftest import frozen_cycle
 
 
@@ -125,3 +127,22 @@ def test_metrics_count_the_overrides_the_store_recorded(store: Store) -> None:
     assert after == {**before, "break_lock": 2, "reset_fence": 1}
     assert store.admin_counts() == {"break_lock": 2, "reset_fence": 1}
     s.close()
+
+
+def test_metrics_count_the_locks_reclaimed_in_every_process(
+    connect: Callable[..., Store], url: str, children: Callable[..., Child]
+) -> None:
+    """A lock taken over from a killed process shows in any process's scrape, under a name
+    apart from the hooks' ``lockwarden_reclaims_total`` (what one process saw)."""
+    store = connect()
+    assert scrape(store)["lockwarden_reclaimed_locks"] == [({}, 0.0)]
+    holder = children("holder", url, "job", "1.0")
+    holder.expect()
+    os.kill(holder.pid, signal.SIGKILL)
+    with store.session(app_id="taker") as taker:
+        taker.lock("job", timeout=10).release()
+    watcher = connect()  # another store, as a dashboard's would be
+    m = scrape(watcher)
+    assert m["lockwarden_reclaimed_locks"] == [({}, 1.0)]
+    assert "lockwarden_reclaims" not in m
+    assert Snapshot.take(watcher).only("nothing/").reclaimed == 1

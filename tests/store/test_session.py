@@ -349,6 +349,39 @@ def test_clean_removes_dead_sessions(store: Store) -> None:
         assert [e.name for e in store.locks()] == ["d2"]
 
 
+def test_every_lock_taken_over_from_a_dead_holder_is_counted_once(store: Store) -> None:
+    """The store-wide count behind ``lockwarden_reclaimed_locks_total``: one per dead holder's
+    lock an acquirer removes, granted or not; a retried attempt counts nothing again, and
+    what `clean` and `break_lock` remove is no reclaim."""
+    assert store.reclaimed_count() == 0
+    readers = [store.session(app_id=f"dead-{i}", ttl=0.3) for i in range(3)]
+    for reader in readers:
+        reader.lock("shared", mode="read")
+    readers[0].lock("single")
+    readers[1].lock("behind", mode="read")
+    readers[2].lock("left")
+    for reader in readers:
+        stop_heartbeat(reader)
+    with store.session(app_id="live") as live, store.session(app_id="reader") as reader:
+        reader.lock("behind", mode="read")
+        victim = store.session(app_id="victim")
+        victim.lock("broken")
+        wait_for(lambda: sum(e.stale for e in store.locks()) == 6, what="the dead locks stale")
+        request = AcquireRequest(live.id, "taken", ("shared", "single"), ("X", "X"), True, False, 5)
+        first = store._backend.acquire(request)
+        assert (first.status, first.reclaimed) == ("granted", True)
+        assert store.reclaimed_count() == 4  # three readers of "shared", one of "single"
+        again = store._backend.acquire(request)  # what a resent attempt sends
+        assert (again.status, again.tokens) == ("granted", first.tokens)
+        assert store.reclaimed_count() == 4
+        assert live.try_lock("behind") is None  # the dead reader goes, the live one stays
+        assert store.reclaimed_count() == 5
+        assert store.break_lock("broken") == 1
+        assert store.clean().holders == 1  # "left"
+        assert store.reclaimed_count() == 5
+        victim.close()
+
+
 def test_lost_session_refuses_new_locks(store: Store) -> None:
     lost: list[LockLost] = []
     s = store.session(app_id="a", ttl=0.3, on_lost=lost.append)

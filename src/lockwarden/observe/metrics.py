@@ -86,6 +86,12 @@ class StoreCollector(Collector):
         for action in sorted({*OVERRIDES, *snap.overrides}):
             overrides.add_metric([action], snap.overrides.get(action, 0))
         yield overrides
+        yield CounterMetricFamily(
+            "lockwarden_reclaimed_locks",
+            "Locks of dead holders taken over by acquirers, in every process, counted by the "
+            "store (lockwarden_reclaims_total of the hooks counts one process's).",
+            value=snap.reclaimed,
+        )
 
 
 def _by_mode_and_name(

@@ -32,12 +32,14 @@ class Snapshot:
     """Sets of session ids that wait on each other (see `lockwarden.observe.cycles`)."""
     overrides: dict[str, int] = field(default_factory=dict)
     """Administrators' overrides ever recorded, by action (`Store.admin_counts`)."""
+    reclaimed: int = 0
+    """Locks of dead holders taken over by acquirers, ever (`Store.reclaimed_count`)."""
     taken_at: float = field(default_factory=time.time)
     """When the snapshot was taken, by this host's clock (ages come from the database's)."""
 
     @classmethod
     def take(cls, store: Store) -> Snapshot:
-        """Read the store once: five read-only statements."""
+        """Read the store once: six read-only statements."""
         edges = store.waits_for()
         return cls(
             locks=store.locks(),
@@ -46,6 +48,7 @@ class Snapshot:
             edges=edges,
             cycles=cycles((e.waiter, e.blocker) for e in edges),
             overrides=store.admin_counts(),
+            reclaimed=store.reclaimed_count(),
         )
 
     def only(self, prefix: str) -> Snapshot:
@@ -60,6 +63,7 @@ class Snapshot:
             edges=edges,
             cycles=cycles((e.waiter, e.blocker) for e in edges),
             overrides=self.overrides,
+            reclaimed=self.reclaimed,
             taken_at=self.taken_at,
         )
 

@@ -86,6 +86,7 @@ def attempt(
         run(queries.RECLAIM_EXPIRE, params)
         if gone := run(queries.RECLAIM_DELETE, params):
             reclaimed = True
+            run(queries.COUNT_RECLAIMED, {"removed": len(gone)})
             woken.update(row["name"] for row in gone)
 
     if not write and (not rows or (request.enqueue and params["seq"] is None)):

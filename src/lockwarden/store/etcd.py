@@ -17,6 +17,7 @@ Keys (``P`` is the URL's prefix, ``N`` a lock name percent-encoded, so that
     P/p/N                permits of a name
     P/f/RESOURCE         fence: token, written, value
     P/g                  rewritten by every deadlock refusal (serializes them)
+    P/r                  how many holder keys reclaims have deleted, ever
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class EtcdBackend(Backend):
             queries.RECORD_ADMIN: self._record_admin,
             queries.ADMIN_LOG: self._admin_log,
             queries.ADMIN_COUNTS: self._admin_counts,
+            queries.RECLAIMED: self._reclaimed,
         }
         self._changes: dict[tuple[str, ...], Callable[[Params], list[Names]]] = {
             queries.CLOSE_SESSION: self._close_session,
@@ -224,8 +226,7 @@ class EtcdBackend(Backend):
                 r for r in rows if r["kind"] == "holder" and not r["live"] and not request.refuse
             ]
             if dead:
-                self._reclaim(dead)
-                reclaimed = True
+                reclaimed = self._reclaim(dead) or reclaimed
                 continue
             if not rows:
                 attempt = self._grant(request, session, state.revision)
@@ -260,23 +261,44 @@ class EtcdBackend(Backend):
         found = self._kv.read([get(self._session_key(s)) for s in wanted])
         return {s for i, s in enumerate(wanted) if found.kvs(i)}
 
-    def _reclaim(self, dead: Sequence[Row]) -> None:
-        """Delete the holder keys of dead sessions (and their index keys).
+    def _reclaim(self, dead: Sequence[Row]) -> bool:
+        """Delete the holder keys of dead sessions (and their index keys), adding how many to
+        the count at ``P/r`` in the same transaction; whether this call deleted any.
 
-        Guarded by the sessions' keys being absent, which never changes once true:
-        session ids are random and a session key is only ever written at open.
+        Guarded by the sessions' keys being absent, which never changes once true
+        (session ids are random and a session key is only ever written at open), by
+        each holder key still existing (a dead session's holder key, once gone, never
+        comes back), and by the count's revision as read. After each transaction the
+        keys are read again, until none is left: one that another reclaim moved first
+        is tried again, and batches stay within etcd's limit of operations. A
+        transaction resent after its answer was lost fails its guards, so nothing is
+        counted twice; one that then finds its keys gone counts as ours, as a release
+        does (ETCD.md, "Release, break, release_all, clean").
         """
-        compare = [absent(self._session_key(s)) for s in {r["session_id"] for r in dead}]
-        ops = [
-            op
-            for r in dead
-            for op in (
-                delete(self._holder_key(r["name"], r["request_id"])),
-                delete(self._owner_key(r["session_id"], r["name"], r["request_id"])),
-            )
-        ]
-        self._kv.txn(ops, compare)
-        self.wakeups.wake({r["name"] for r in dead})
+        count = self._p + "r"
+        by_key = {self._holder_key(r["name"], r["request_id"]): r for r in dead}
+        keys = list(by_key)
+        sessions = [absent(self._session_key(s)) for s in {r["session_id"] for r in dead}]
+        took = resent = False
+        while True:
+            found = self._kv.read([get(count), *map(get, keys)])
+            left = [key for i, key in enumerate(keys) if found.kvs(i + 1)][: (_BATCH - 1) // 2]
+            if not left:
+                return took or resent
+            counted = found.kvs(0)
+            ops = [put(count, (counted[0].value if counted else 0) + len(left))]
+            for key in left:
+                r = by_key[key]
+                ops += [
+                    delete(key),
+                    delete(self._owner_key(r["session_id"], r["name"], r["request_id"])),
+                ]
+            guard = unchanged_since(count, counted[0].mod) if counted else absent(count)
+            done = self._kv.txn(ops, [*sessions, *map(exists, left), guard])
+            if done.succeeded:
+                took = True
+                self.wakeups.wake({by_key[key]["name"] for key in left})
+            resent = resent or done.resent
 
     def _grant(
         self, request: AcquireRequest, session: Mapping[str, Any], revision: int
@@ -698,6 +720,11 @@ class EtcdBackend(Backend):
         )
         now = _now()
         return [{**r, "now": now} for r in records[: int(p["limit"])]]  # type: ignore[call-overload]
+
+    def _reclaimed(self, p: Params) -> list[Row]:
+        """`queries.RECLAIMED`: the count `_reclaim` keeps (no key: nothing reclaimed yet)."""
+        found = self._kv.read([get(self._p + "r")]).kvs(0)
+        return [{"value": kv.value} for kv in found]
 
     def _admin_counts(self, p: Params) -> list[Row]:
         """`queries.ADMIN_COUNTS`: the records counted by action."""

@@ -130,6 +130,7 @@ DECLARE
     _rows jsonb;
     _dead boolean;
     _gone text[];
+    _removed bigint;
     _reclaimed boolean := false;
     _tokens jsonb;
     _edges jsonb;
@@ -165,9 +166,10 @@ BEGIN
         EXIT WHEN _refuse OR NOT _dead;
         {d.render(queries.RECLAIM_EXPIRE)};
         WITH gone AS ({d.render(queries.RECLAIM_DELETE)})
-        SELECT array_agg(DISTINCT name) INTO _gone FROM gone;
-        IF _gone IS NOT NULL THEN
+        SELECT array_agg(DISTINCT name), count(*) INTO _gone, _removed FROM gone;
+        IF _removed > 0 THEN
             _reclaimed := true;
+            {d.render(queries.COUNT_RECLAIMED)};
             PERFORM pg_notify('{notify}', n) FROM unnest(_gone) AS n;
         END IF;
     END LOOP;

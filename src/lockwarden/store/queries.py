@@ -224,6 +224,16 @@ RETURNING name
 session is already *marked* expired go: judging staleness alone would race a
 heartbeat in flight (see `EXPIRE_STALE`)."""
 
+COUNT_RECLAIMED: Final = "UPDATE {p}lw_meta SET value = value + :removed WHERE key = 'reclaimed'"
+"""Count the holder rows `RECLAIM_DELETE` removed (:removed), in its transaction: a reclaim
+that commits is counted once, one rolled back not at all, and one run again finds
+nothing left to remove. Only this path counts: `CLEAN`, `BREAK_LOCK` and
+`RELEASE_EXPIRED_OF_APP` also remove dead sessions' rows, but nobody takes the locks
+over there (the last two are counted as overrides, `ADMIN_COUNTS`)."""
+
+RECLAIMED: Final = "SELECT value FROM {p}lw_meta WHERE key = 'reclaimed'"
+"""The count `COUNT_RECLAIMED` keeps: it only grows (a Prometheus counter)."""
+
 INSERT_HOLDERS: Final = """
 INSERT INTO {p}lw_holders (request_id, name, mode, session_id, token, granted_at)
 SELECT :request, name, mode, :session, {token}, {now} FROM ({items}) AS i

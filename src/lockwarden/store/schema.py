@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-SCHEMA_VERSION: Final = 6
+SCHEMA_VERSION: Final = 7
 
 BOOTSTRAP: Final = """CREATE TABLE IF NOT EXISTS {p}lw_meta (
     key TEXT PRIMARY KEY,
@@ -79,7 +79,7 @@ _TABLES: Final = (
     )""",
 )
 
-COMPATIBLE_FROM: Final[Mapping[int, int]] = {1: 1, 2: 2, 3: 2, 4: 2, 6: 5}
+COMPATIBLE_FROM: Final[Mapping[int, int]] = {1: 1, 2: 2, 3: 2, 4: 2, 6: 5, 7: 5}
 """For each version, the oldest version whose clients can use a store at it safely.
 
 A version left out counts as usable by no older client (the safe default).
@@ -88,6 +88,9 @@ last write (``written``) behind its token; version 3 adds only an index,
 version 4 a column older clients leave NULL (their sessions are judged by
 the TTL alone, as before). Version 5 is left out: an older client would
 reserve SQLite tokens itself beside the trigger that now moves the counter.
+Version 7 adds a counter that older clients do not move: on SQLite and MySQL the
+locks they reclaim go uncounted until they upgrade (on PostgreSQL the functions
+count, whoever calls them), which only leaves a metric short.
 """
 
 READ_VERSION: Final = "SELECT value FROM {p}lw_meta WHERE key = 'schema_version'"
@@ -141,6 +144,13 @@ _STEPS: Final[dict[int, Sequence[str]]] = {
             pid BIGINT NOT NULL
         )""",
         "CREATE INDEX lw_admin_at ON {p}lw_admin (at)",
+    ),
+    7: (
+        # Locks of dead holders that acquirers took over, ever (Store.reclaimed_count):
+        # moved by the reclaim's own transaction (`queries.COUNT_RECLAIMED`). Written
+        # so that it can run again: MySQL commits each step's statements as they go.
+        "INSERT INTO {p}lw_meta (key, value) SELECT 'reclaimed', 0"
+        " WHERE NOT EXISTS (SELECT 1 FROM {p}lw_meta WHERE key = 'reclaimed')",
     ),
 }
 

@@ -307,6 +307,18 @@ class Store:
         rows = self._backend.query(queries.ADMIN_COUNTS)
         return {r["action"]: int(r["n"]) for r in rows}
 
+    def reclaimed_count(self) -> int:
+        """How many locks of dead holders acquirers have taken over, ever, across the store:
+        the counter behind ``lockwarden_reclaimed_locks_total`` in the metrics.
+
+        One per lock removed from a dead session by an acquirer (``on_stale="reclaim"``),
+        counted in the transaction that removes it, whether that acquirer was then granted
+        or still had to wait. Locks that `clean`, `break_lock` or `release_all` remove are
+        not reclaims: nobody took them over (the last two are `admin_counts`).
+        """
+        rows = self._backend.query(queries.RECLAIMED)
+        return int(rows[0]["value"]) if rows else 0
+
     def _record(self, action: str, subject: str, detail: str) -> None:
         """Log an administrator's override and keep it in the store (`admin_log`)."""
         admin_log.info("%s %r on %s: %s", action, subject, self.url, detail)
