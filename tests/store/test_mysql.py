@@ -7,9 +7,8 @@ directory (its own port and socket), never to the shared server.
 from __future__ import annotations
 
 import itertools
-import os
+import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -21,6 +20,7 @@ import pytest
 
 import lockwarden
 from lockwarden.store import Store
+from lockwarden.store.backend import AcquireRequest
 from lockwarden.store.mysql import DIALECT
 from lockwarden.store.queries import CLEAN, DEADLOCK_EDGES, IN_THE_WAY, RECLAIM_DELETE
 from tests.conftest import Background, Child, mysql_admin, wait_for
@@ -36,28 +36,6 @@ def _kill(ids: list[int]) -> None:
     with mysql_admin() as conn, conn.cursor() as cur:
         for conn_id in ids:
             cur.execute(f"KILL {int(conn_id)}")
-
-
-def _stop_between_transactions(pid: int, database: str) -> None:
-    """SIGSTOP a process when none of its transactions holds a row lock: stopped inside
-    one, it would keep everyone else waiting for InnoDB's lock wait timeout."""
-    found = ()
-    for _ in range(100):
-        os.kill(pid, signal.SIGSTOP)
-        with mysql_admin() as conn, conn.cursor() as cur:
-            cur.execute(
-                "SELECT t.trx_mysql_thread_id, p.INFO, t.trx_state, t.trx_started"
-                " FROM information_schema.INNODB_TRX AS t"
-                " JOIN information_schema.PROCESSLIST AS p ON p.ID = t.trx_mysql_thread_id"
-                " WHERE p.DB = %s AND t.trx_lock_structs > 0",
-                (database,),
-            )
-            found = cur.fetchall()
-            if not found:
-                return
-        os.kill(pid, signal.SIGCONT)
-        time.sleep(0.02)
-    raise AssertionError(f"process {pid} never left its transactions: {found}")
 
 
 def test_the_shared_text_is_rewritten_where_mariadb_differs() -> None:
@@ -89,26 +67,23 @@ def test_a_waiter_in_another_store_is_woken_by_its_doorbell(mysql_url: str) -> N
         waiter_store.close()
 
 
-def test_a_release_grants_the_head_of_the_queue_itself(
-    mysql_url: str, children: Callable[..., Child]
-) -> None:
-    """The release lets the waiter in within its own transaction: a waiter frozen with
-    SIGSTOP holds the lock as soon as the release returns, and wakes up holding it."""
+def test_a_release_grants_the_head_of_the_queue_itself(mysql_url: str) -> None:
+    """The release lets the waiter in within its own transaction: nobody attempts for the
+    queued request after it queued, yet it holds the lock once the release returns."""
     store = lockwarden.connect(mysql_url)
     try:
-        with store.session(app_id="first") as s:
+        with store.session(app_id="first") as s, store.session(app_id="next") as w:
             held = s.lock("handed")
-            child = children("waiter", mysql_url, "handed", "30")
-            wait_for(lambda: store.waiters("handed"), what="the waiter to queue")
-            _stop_between_transactions(child.pid, mysql_url.rsplit("/", 1)[1])
-            try:
-                held.release()
-                holders = [(e.holder.app_id, e.holder.pid, e.token) for e in store.locks("handed")]
-            finally:
-                os.kill(child.pid, signal.SIGCONT)
-            assert holders == [("waiter", child.pid, holders[0][2])]
-            assert holders[0][2] > held.token
-            assert child.expect() == {"event": "locked", "token": holders[0][2]}
+            queued = AcquireRequest(
+                w.id, secrets.token_hex(16), ("handed",), ("X",), True, False, None
+            )
+            assert store._backend.acquire(queued).status == "blocked"
+            attempts = store.stats["attempts"]
+            held.release()
+            granted = [(e.holder.app_id, e.token > held.token) for e in store.locks("handed")]
+            assert granted == [("next", True)]
+            assert store.waiters("handed") == []
+            assert store.stats["attempts"] == attempts
     finally:
         store.close()
 
