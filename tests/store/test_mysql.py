@@ -6,13 +6,12 @@ directory (its own port and socket), never to the shared server.
 
 from __future__ import annotations
 
-import itertools
 import secrets
 import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from lockwarden.store import Store
 from lockwarden.store.backend import AcquireRequest
 from lockwarden.store.mysql import DIALECT
 from lockwarden.store.queries import CLEAN, DEADLOCK_EDGES, IN_THE_WAY, RECLAIM_DELETE
-from tests.conftest import Background, Child, mysql_admin, wait_for
+from tests.conftest import Background, mysql_admin, wait_for
 
 
 def _connections(database: str) -> list[int]:
@@ -86,28 +85,6 @@ def test_a_release_grants_the_head_of_the_queue_itself(mysql_url: str) -> None:
             assert store.stats["attempts"] == attempts
     finally:
         store.close()
-
-
-@pytest.mark.slow
-def test_processes_contending_for_one_lock_take_turns(
-    mysql_url: str, children: Callable[..., Child]
-) -> None:
-    """Each release hands the lock to the longest waiter, and rings only its process: four
-    processes looping on one lock get a quarter each, and none wins twice in a row."""
-    contenders = [children("contender", mysql_url, "turns", "4") for _ in range(4)]
-    for child in contenders:
-        assert child.expect()["event"] == "ready"
-    for child in contenders:
-        assert child.proc.stdin is not None
-        child.proc.stdin.write("go\n")
-        child.proc.stdin.flush()
-    tokens = [child.expect(timeout=60)["tokens"] for child in contenders]
-    order = [who for _, who in sorted((t, i) for i, ts in enumerate(tokens) for t in ts)]
-    steady = order[max(order.index(i) for i in range(len(contenders))) :]  # once all queued
-    shares = [steady.count(i) / len(steady) for i in range(len(contenders))]
-    assert all(0.15 <= share <= 0.35 for share in shares), order
-    repeats = sum(a == b for a, b in itertools.pairwise(steady))
-    assert repeats <= 0.05 * len(steady), order
 
 
 def test_killed_connections_are_replaced_and_the_doorbell_rehung(mysql_url: str) -> None:
