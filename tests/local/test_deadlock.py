@@ -164,3 +164,27 @@ def test_a_timeout_and_a_deadlock_in_the_same_queue(mgr: LockManager) -> None:
     assert wa.join() is X
     a.release_all()
     assert mgr.locks() == []
+
+
+def test_two_upgrades_in_a_long_queue(mgr: LockManager) -> None:
+    """Two of twelve readers upgrade to X: a cycle through the granted locks of a long queue.
+
+    Past eight requests a queue's edges are enumerated once per mode and search
+    (``_deadlock.py``): the requester's own scan of the granted locks leaves
+    itself out and is not repeated for the first upgrade, so it must record that
+    the requester was among them, or the first upgrade would lead nowhere.
+    """
+    readers = [mgr.begin() for _ in range(12)]
+    for r in readers:
+        r.lock(row(0), S)
+    first, second = readers[3], readers[7]
+    waiting = Attempt(first, first.lock, row(0), X, timeout=10).queued()
+    with pytest.raises(Deadlock) as err:
+        second.lock(row(0), X, timeout=10)
+    assert err.value.cycle == (second.id, first.id)
+    for r in readers:
+        if r is not first:
+            r.release_all()
+    assert waiting.join() is X
+    first.release_all()
+    assert mgr.locks() == []

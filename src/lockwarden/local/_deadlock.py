@@ -96,11 +96,18 @@ class _Edges:
         key = (id(queue), mode)
         saw_requester = self.granted_done.get(key)
         if saw_requester is None:
+            # `granted` is keyed by owner id, so whether the requester is among the holders
+            # is one lookup, not a scan comparing thousands of owners.
             conflicts = mode.conflicts
-            out = [held.owner for held in granted.values() if conflicts & held.mode.bit]  # type: ignore[union-attr]
-            saw_requester = requester in out
-            if owner in out:
-                out.remove(owner)
+            out = [
+                held.owner
+                for held in granted.values()
+                if conflicts & held.mode.bit and held.owner is not owner  # type: ignore[union-attr]
+            ]
+            held_by_requester = granted.get(requester.id)
+            saw_requester = held_by_requester is not None and bool(
+                conflicts & held_by_requester.mode.bit  # type: ignore[union-attr]
+            )
             self.granted_done[key] = saw_requester
         elif saw_requester and owner is not requester:
             out.append(requester)
