@@ -63,6 +63,9 @@ def test_a_holder_killed_on_this_machine_is_taken_over_well_before_its_ttl(
             assert s.try_lock("job") is None  # alive: its lock stands
             waiting = Background(lambda: s.lock("job", timeout=TTL / 2))
             time.sleep(0.3)  # the waiter is queued behind the live holder
+            attempts = store.stats["attempts"]
+            time.sleep(1.0)  # four looks at the holder's pid, none at the database
+            assert store.stats["attempts"] == attempts
             started = time.monotonic()
             os.kill(holder.pid, signal.SIGKILL)  # no atexit, no release: only its pid is gone
             got = waiting.result(timeout=TTL)

@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from lockwarden.store.waiting import Call, Driver, Listen, Steps
-from lockwarden.store.wakeups import Subscription, Tokens, Wakeups
+from lockwarden.store.wakeups import Subscription, Wakeups, Woken
 
 T = TypeVar("T")
 
@@ -37,15 +37,14 @@ class AsyncSubscription(Subscription):
         with suppress(RuntimeError):  # the loop has closed: nobody waits any more
             self._loop.call_soon_threadsafe(self._async_event.set)
 
-    async def wait_async(self, timeout: float | None) -> Tokens | None:
+    async def wait_async(self, timeout: float | None) -> Woken:
         # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that
         # arrives as the event is set, and the cancelled waiter would go on waiting.
         with suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 await self._async_event.wait()
         self._async_event.clear()
-        self._event.clear()
-        return self._take()
+        return self._woken()
 
 
 async def run_async(steps: Steps[T], wakeups: Wakeups) -> T:

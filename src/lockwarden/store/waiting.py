@@ -45,7 +45,7 @@ from lockwarden.store.backend import AcquireRequest, Attempt, Backend, Row
 from lockwarden.store.queries import EXPIRE_SESSION
 from lockwarden.store.status import holder_of
 from lockwarden.store.validate import MAX_WAIT
-from lockwarden.store.wakeups import Subscription, Tokens, Wakeups
+from lockwarden.store.wakeups import Subscription, Wakeups, Woken
 
 T = TypeVar("T")
 
@@ -79,7 +79,8 @@ class Listen:
 class Wait:
     """Wait up to ``seconds`` (None: without limit); a wake-up ends it early if ``woken``.
 
-    Sends back the tokens of a grant made to the request meanwhile, or None.
+    Sends back what ended it (`Woken`): the tokens of a grant made to the request
+    meanwhile, True for another wake-up, False if the time ran out.
     """
 
     seconds: float | None
@@ -265,18 +266,10 @@ def acquire_steps(
             if not listening:
                 listening = True
                 yield Listen(frozenset(names), request_id, since, epoch)
-            # Nothing announces that a holder of another process on this machine was
-            # killed: look again every PID_POLL while one is in the way.
-            tokens: Tokens | None = yield Wait(
-                _min(
-                    _min(remaining, blocked.recheck),
-                    PID_POLL if any(_mortal(r) for r in attempt.rows) else None,
-                )
-            )
-            backend.stats.add("waits")
-            if tokens is not None and len(tokens) == len(names):
+            woken = yield from _wait(backend, attempt.rows, _min(remaining, blocked.recheck))
+            if isinstance(woken, tuple) and len(woken) == len(names):
                 backend.stats.add("handed")  # granted by a release: no attempt needed
-                return request_id, dict(zip(names, tokens, strict=True))
+                return request_id, dict(zip(names, woken, strict=True))
             attempt = None
     except GeneratorExit:
         raise
@@ -299,6 +292,26 @@ def _deadlock(want: Want, attempt: Attempt) -> Deadlock:
         mode=want.items[0][1] if len(names) == 1 else None,
         cycle=cycle,
     )
+
+
+def _wait(backend: Backend, rows: Sequence[Row], look_again: float | None) -> Steps[Woken]:
+    """Wait until woken, or ``look_again`` seconds (None: no limit); say what ended it.
+
+    Nothing announces that a holder of another process on this machine was
+    killed: its pid is looked at every `PID_POLL` while one is in the way, here,
+    without the database. Only a wake-up, such a death or the moment to look
+    again sends the request back to the database.
+    """
+    mortal = [r for r in rows if _mortal(r)]
+    until = None if look_again is None else time.monotonic() + look_again
+    while True:
+        woken: Woken = yield Wait(_min(look_again, PID_POLL if mortal else None))
+        backend.stats.add("waits")
+        if woken or any(map(process.gone, mortal)):
+            return woken
+        look_again = None if until is None else until - time.monotonic()
+        if look_again is not None and look_again <= 0:
+            return False
 
 
 def _expire_gone(backend: Backend, rows: Sequence[Row]) -> Steps[bool]:

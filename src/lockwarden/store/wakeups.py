@@ -25,6 +25,10 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 Tokens = tuple[int, ...]
+
+Woken = Tokens | bool
+"""What ended a wait: the tokens of a grant made to the request meanwhile; True for
+any other wake-up (look again); False if the time ran out with nothing heard."""
 """The tokens of a grant made to a waiting request, in the order of its names."""
 
 REMEMBER = 10.0
@@ -51,14 +55,17 @@ class Subscription:
         self._tokens = tokens
         self.notify()
 
-    def wait(self, timeout: float | None) -> Tokens | None:
-        """Return when woken (or at once if woken since the last wait), or after ``timeout``.
-
-        Returns the tokens if the request was granted meanwhile.
-        """
+    def wait(self, timeout: float | None) -> Woken:
+        """Return when woken (or at once if woken since the last wait), or after ``timeout``;
+        say which (`Woken`)."""
         self._event.wait(timeout)
+        return self._woken()
+
+    def _woken(self) -> Woken:
+        woken = self._event.is_set()
         self._event.clear()
-        return self._take()
+        tokens = self._take()
+        return tokens if tokens else woken
 
     def _take(self) -> Tokens | None:
         tokens, self._tokens = self._tokens, None
