@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 Tokens = tuple[int, ...]
+"""The tokens of a grant made to a waiting request, in the order of its names."""
 
 Woken = Tokens | bool
 """What ended a wait: the tokens of a grant made to the request meanwhile; True for
 any other wake-up (look again); False if the time ran out with nothing heard."""
-"""The tokens of a grant made to a waiting request, in the order of its names."""
 
 REMEMBER = 10.0
 """Seconds a wake-up nobody was subscribed to is kept for a waiter about to subscribe."""
@@ -62,8 +62,12 @@ class Subscription:
         return self._woken()
 
     def _woken(self) -> Woken:
+        # Cleared only if seen set: a wake-up that lands after the look stays for the
+        # next wait, which then ends at once (a waiter told "nothing heard" waits on
+        # without asking the database, so no wake-up may be wiped unseen).
         woken = self._event.is_set()
-        self._event.clear()
+        if woken:
+            self._event.clear()
         tokens = self._take()
         return tokens if tokens else woken
 
