@@ -475,11 +475,17 @@ class EtcdBackend(Backend):
         return names
 
     def _close_session(self, p: Params) -> list[Names]:
+        """End the session, then delete its holder keys (ETCD.md, "Release, break, …").
+
+        The lease goes first: a grant to one of the session's requests (a thread still
+        waiting as the session closes) is guarded by the session key, so it either
+        committed before the revoke, and its holder key is found below, or fails.
+        """
         session = str(p["session"])
-        names = self._drop_holders((session, n, r) for n, r in self._session_holders(session))
         lease = self._leases.pop(session, None)
         if lease is not None:
             self._kv.revoke(lease)  # its session key and queue entries go with it
+        names = self._drop_holders((session, n, r) for n, r in self._session_holders(session))
         return [names, [], [None]]
 
     def _expire_session(self, p: Params) -> list[Names]:

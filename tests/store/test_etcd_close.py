@@ -1,0 +1,43 @@
+"""Closing a session on etcd while one of its requests is being granted leaves nothing."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+
+import pytest
+
+import lockwarden
+from lockwarden.store import Store
+from lockwarden.store.backend import AcquireRequest
+from lockwarden.store.etcd import EtcdBackend
+
+
+@pytest.fixture
+def store(etcd_url: str) -> Iterator[Store]:
+    opened = lockwarden.connect(etcd_url)
+    yield opened
+    opened.close()
+
+
+def test_a_grant_racing_the_close_of_its_session_is_not_left_behind(store: Store) -> None:
+    """The grant lands right after the close has read the session's holder keys (as a
+    thread still waiting would, woken at that moment): it must fail, or be deleted."""
+    backend = store._backend
+    assert isinstance(backend, EtcdBackend)
+    session = store.session(app_id="closing")
+    read_holders = backend._session_holders
+    outcomes: list[str] = []
+
+    def holders_then_a_grant(session_id: str) -> list[tuple[str, str]]:
+        found = read_holders(session_id)
+        request = AcquireRequest(
+            session_id, secrets.token_hex(16), ("late",), ("X",), True, False, None
+        )
+        outcomes.append(backend.acquire(request).status)
+        return found
+
+    backend._session_holders = holders_then_a_grant  # type: ignore[method-assign]
+    session.close()
+    assert outcomes == ["lost"]  # the session key was already gone
+    assert store.locks() == []
