@@ -32,6 +32,12 @@ MIN_ACQUIRES = {"sqlite": 300, "postgres": 300, "etcd": 150}
 quorum's fsync and a killed or paused member costs a timeout, so fewer loops fit."""
 
 
+LEASE_RENEWED = {"sqlite": 0.0, "postgres": 0.0, "etcd": 1.0}
+"""Seconds a dead holder's lease may outlive its TTL without fault of the store: a new etcd
+leader renews every lease by its election timeout (1 s by default), and the nemesis kills
+the leader half the time, so a holder paused just before may keep its lease that much longer."""
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, subprocess.Popen[str]]]:
     """Start one run per backend at once; each test waits for its own."""
@@ -77,5 +83,5 @@ def test_a_short_run_under_faults_finds_no_violation(
     # How many deaths hit a write holder with a waiter behind it depends on timing,
     # not only on the seed (2 to 8 seen in 60 s): one measurement is all this needs.
     assert live["recoveries"] >= 1, output
-    assert live["p50"] <= 1.25 * live["ttl"], output
+    assert live["p50"] <= 1.25 * live["ttl"] + LEASE_RENEWED[backend], output
     assert live["max_in_ttls"] <= 3.0, output
