@@ -602,19 +602,20 @@ def _begin(names: Sequence[str]) -> str:
     acquirers never deadlock on them), in one round trip."""
     if not names:
         return "START TRANSACTION"
-    ids = ", ".join(map(str, sorted({bucket(name) for name in names})))
-    lock = f"SELECT id FROM lw_buckets WHERE id IN ({ids}) ORDER BY id FOR UPDATE"
-    return f"START TRANSACTION; {lock}"
+    return f"START TRANSACTION; {_lock_buckets(names)}"
 
 
 def _try_lock(run: Run, names: Sequence[str]) -> bool:
     """Lock the bucket rows of ``names`` if none is locked by another transaction
     (`Engine.try_lock`): taken out of bucket order, they are never waited for."""
-    ids = sorted({bucket(name) for name in names})
-    got = run(
-        f"SELECT id FROM lw_buckets WHERE id IN ({', '.join(map(str, ids))}) FOR UPDATE SKIP LOCKED"
-    )
-    return len(got) == len(ids)
+    return len(run(_lock_buckets(names, " SKIP LOCKED"))) == len({bucket(n) for n in names})
+
+
+def _lock_buckets(names: Sequence[str], wait: str = "") -> str:
+    """The statement locking the bucket rows of ``names`` (``wait``: " SKIP LOCKED" to
+    pass over rows another transaction holds); the ids are computed, never given."""
+    ids = ", ".join(map(str, sorted({bucket(name) for name in names})))
+    return f"SELECT id FROM lw_buckets WHERE id IN ({ids}) ORDER BY id FOR UPDATE{wait}"
 
 
 def _sessions(told: Sequence[Told]) -> list[str]:
