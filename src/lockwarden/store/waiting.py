@@ -306,12 +306,10 @@ def _wait(backend: Backend, rows: Sequence[Row], look_again: float | None) -> St
     until = None if look_again is None else time.monotonic() + look_again
     while True:
         woken: Woken = yield Wait(_min(look_again, PID_POLL if mortal else None))
-        backend.stats.add("waits")
-        if woken or any(map(process.gone, mortal)):
-            return woken
         look_again = None if until is None else until - time.monotonic()
-        if look_again is not None and look_again <= 0:
-            return False
+        if woken or any(map(process.gone, mortal)) or (look_again is not None and look_again <= 0):
+            backend.stats.add("waits")  # one per wait that ends, not per look at a pid
+            return woken
 
 
 def _expire_gone(backend: Backend, rows: Sequence[Row]) -> Steps[bool]:
