@@ -185,7 +185,7 @@ def _record_final(config: Config, history: HistoryWriter) -> None:
         registers = registers_for(config, store)
         history.write(
             "final",
-            cleaned=asdict(cleaned),
+            cleaned=cleaned._asdict(),
             reclaimed=store.reclaimed_count(),
             locks=[[e.name, e.mode.value, e.token, e.holder.session_id] for e in store.locks()],
             waiters=[[w.name, w.mode.value, w.session_id] for w in store.waiters()],

@@ -16,8 +16,7 @@ and ``cycle`` who was in the way (docs/contract.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "Deadlock",
@@ -33,8 +32,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Holder:
+class Holder(NamedTuple):
     """Who holds a shared lock, as the store's waiters see it."""
 
     session_id: str

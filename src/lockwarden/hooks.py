@@ -5,7 +5,12 @@ Subscribe an `Observer` (override the methods you need) with `subscribe`;
 event is also a debug record on the ``lockwarden.events`` logger.
 
 Cost when unused: the store checks one module attribute per event (no
-observer, logger off: nothing is built or called). Observers run on the
+observer, logger off: nothing is built or called).
+
+lockwarden's own log records go through `logger`, which imports `logging`
+only when the first record is made: a command-line call that logs nothing
+never pays for importing it (milliseconds of every start). A program
+that imports logging itself sees no difference. Observers run on the
 thread that made the event (a waiter's, the heartbeat's for a loss): they
 must be quick and must not raise; an observer that raises is logged and
 skipped, never allowed to fail a lock call.
@@ -17,13 +22,19 @@ Words: ``name`` and ``mode`` ("read"/"write") as in `Session.lock`;
 
 from __future__ import annotations
 
-import logging
+import sys
 import threading
 from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import logging
 
 __all__ = ["Observer", "subscribe"]
 
-log = logging.getLogger("lockwarden.events")
+EVENTS = "lockwarden.events"
+"""The logger of the events' debug records."""
 
 
 class Observer:
@@ -50,6 +61,10 @@ class Observer:
 
 _observers: tuple[Observer, ...] = ()
 _lock = threading.Lock()
+_events: logging.Logger | None = None
+"""The events' logger, once `logging` has been imported by anyone."""
+_setup: Callable[[ModuleType], None] | None = None
+"""What `on_first_log` registered and `logger` has not applied yet."""
 
 
 def subscribe(observer: Observer) -> Callable[[], None]:
@@ -70,14 +85,51 @@ def subscribe(observer: Observer) -> Callable[[], None]:
 
 def active() -> bool:
     """Whether any event would go anywhere: an observer, or the debug logger."""
-    return bool(_observers) or log.isEnabledFor(logging.DEBUG)
+    return bool(_observers) or _debugging()
+
+
+def _debugging() -> bool:
+    global _events  # noqa: PLW0603 - set once, to the same logger by any thread
+    if _events is None:
+        # Never imported: then nobody can have asked for debug records.
+        found = sys.modules.get("logging")
+        if found is None:
+            return False
+        _events = found.getLogger(EVENTS)
+    return _events.isEnabledFor(10)  # logging.DEBUG
 
 
 def emit(event: str, *args: object) -> None:
     """Send one event to every observer and the debug log (callers check `active` first)."""
-    log.debug("%s %s", event, " ".join(map(repr, args)))
+    if _debugging():
+        logger(EVENTS).debug("%s %s", event, " ".join(map(repr, args)))
     for observer in _observers:
         try:
             getattr(observer, event)(*args)
         except Exception:
-            log.exception("lockwarden observer %r failed on %s", observer, event)
+            logger(EVENTS).exception("lockwarden observer %r failed on %s", observer, event)
+
+
+def logger(name: str) -> logging.Logger:
+    """The `logging` logger ``name`` (imported now, if it was not), after the setup
+    registered with `on_first_log`."""
+    global _setup
+    import logging  # noqa: PLC0415  (see the module's docstring)
+
+    if _setup is not None:
+        with _lock:
+            setup, _setup = _setup, None
+        if setup is not None:
+            setup(logging)
+    return logging.getLogger(name)
+
+
+def on_first_log(setup: Callable[[ModuleType], None]) -> None:
+    """Run ``setup(logging)`` just before lockwarden makes its first log record.
+
+    For a program that configures logging only for lockwarden's sake (the
+    command line): it pays for importing `logging` only if something is logged.
+    """
+    global _setup  # noqa: PLW0603
+    with _lock:
+        _setup = setup

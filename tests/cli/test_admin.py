@@ -113,6 +113,18 @@ def test_break_asks_first_and_fences_off_the_holder(cli: Cli, store: Store) -> N
     assert (nothing.status, nothing.out) == (0, "'job' is not held: nothing to break\n")
 
 
+def test_verbose_shows_the_override_as_the_store_logs_it(cli: Cli, store: Store) -> None:
+    with store.session(app_id="stuck") as session:
+        session.lock("job")
+        quiet = cli("break", "--yes", "job")
+        assert quiet.status == 0 and quiet.err == ""  # INFO records only with --verbose
+        session.lock("job")
+        loud = cli("--verbose", "break", "--yes", "job")
+    # The store's admin log record, set up for the command line on its first record.
+    assert loud.status == 0
+    assert re.search(r"^lockwarden: break_lock 'job' on \S+: ", loud.err, re.M), loud.err
+
+
 def answer_prompt(cli: Cli, answer: str) -> int:
     """Run ``lockwarden break job`` on a terminal and type ``answer``; its exit status."""
     main, terminal = pty.openpty()
@@ -209,5 +221,8 @@ def test_the_default_database_is_created_in_the_state_directory(cli: Cli, tmp_pa
     result = cli("init", env=env)  # an empty $LOCKWARDEN_DB counts as unset
     assert result.out == f"lock store ready: sqlite:///{database}\n"
     assert database.exists()
+    env["XDG_STATE_HOME"] = "relative/state"  # not absolute: ignored, as the XDG rule says
+    home_database = Path(cli.env["HOME"]) / ".local" / "state" / "lockwarden" / "locks.db"
+    assert cli("init", env=env).out == f"lock store ready: sqlite:///{home_database}\n"
     env["LOCKWARDEN_DB"] = cli.url  # wins over the default (and --db over both)
     assert cli("init", env=env).out == f"lock store ready: {cli.url}\n"

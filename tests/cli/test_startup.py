@@ -29,6 +29,12 @@ with open(sys.argv[1], "w") as out:
 HEAVY = ("asyncio", "rich", "psycopg", "psycopg_pool", "lockwarden.store.aio")
 """Never imported by `--version`, nor by `run` on SQLite."""
 
+SLOW = ("dataclasses", "inspect", "logging", "secrets", "hashlib", "platformdirs", "urllib.parse")
+"""Standard modules that cost a start milliseconds each, and that `run` on SQLite needs
+none of: its records are NamedTuples, its ids come from os.urandom, logging is imported
+only when something is logged (`hooks.logger`), the default store's directory is found
+by `cli.common.state_directory`, and only other backends' URLs are split by urllib."""
+
 
 def imported(tmp_path: Path, *argv: str) -> set[str]:
     report = tmp_path / "modules.json"
@@ -53,6 +59,7 @@ def test_version_imports_neither_the_store_nor_its_drivers(tmp_path: Path) -> No
     assert "lockwarden.cli.main" in modules  # the probe sees what it should
     assert not {m for m in modules if m.startswith(("lockwarden.store", "sqlite3"))}
     assert not heavy(modules)
+    assert not modules.intersection(SLOW)
 
 
 @pytest.mark.parametrize("command", [["completion", "bash"], ["manpage"]])
@@ -60,10 +67,17 @@ def test_commands_that_describe_lockwarden_open_no_store(
     tmp_path: Path, command: list[str]
 ) -> None:
     modules = imported(tmp_path, *command)
-    assert not {m for m in modules if m.startswith(("lockwarden.store", "platformdirs"))}
+    assert not {m for m in modules if m.startswith("lockwarden.store")}
 
 
 def test_run_on_sqlite_imports_no_asyncio_rich_or_postgresql(tmp_path: Path) -> None:
     modules = imported(tmp_path, "--db", f"sqlite:///{tmp_path}/locks.db", "run", "x", "--", "true")
     assert "lockwarden.store.sqlite" in modules
     assert not heavy(modules)
+    assert not modules.intersection(SLOW)
+
+
+def test_run_on_the_default_store_imports_none_of_the_slow_modules(tmp_path: Path) -> None:
+    modules = imported(tmp_path, "run", "x", "--", "true")  # the state directory's store
+    assert (tmp_path / "lockwarden" / "locks.db").exists()  # the probe used it
+    assert not modules.intersection(SLOW)

@@ -10,7 +10,7 @@ TEXTS = [
     value
     for name, value in vars(queries).items()
     if name.isupper() and isinstance(value, str) and "{p}" in value
-] + [text for value in vars(queries).values() if isinstance(value, tuple) for text in value]
+] + [text for value in vars(queries).values() if type(value) is tuple for text in value]
 
 
 def test_there_is_shared_text() -> None:

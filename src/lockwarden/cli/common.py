@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -68,25 +69,38 @@ def emit(args: argparse.Namespace, text: str, shape: dict[str, Any]) -> None:
 def database_url(option: str | None) -> str:
     """The store to use: ``--db``, else ``$LOCKWARDEN_DB``, else the user's SQLite file.
 
-    The default lives in the user's state directory (XDG_STATE_HOME on Linux),
+    The default lives in the user's state directory (`state_directory`),
     which is created here, so the first command on a fresh machine works.
     """
     url = option if option is not None else os.environ.get(DB_ENV) or None
     if url is not None:
         return url
-    from platformdirs import user_state_path  # noqa: PLC0415  (only without --db)
-
-    directory = user_state_path("lockwarden")
+    directory = state_directory()
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        directory.chmod(0o700)  # lockwarden's own: the store in it is private (0600)
+        os.makedirs(directory, exist_ok=True)
+        os.chmod(directory, 0o700)  # lockwarden's own: the store in it is private (0600)
     except OSError as exc:
         raise CliError(
             EX_UNAVAILABLE,
             f"cannot create the state directory {directory} for the default database "
             f"({exc.strerror}); give one with --db URL or {DB_ENV}",
         ) from exc
-    return f"sqlite:///{directory / 'locks.db'}"
+    return f"sqlite:///{os.path.join(directory, 'locks.db')}"
+
+
+def state_directory() -> str:
+    """lockwarden's directory among the user's state: ``$XDG_STATE_HOME/lockwarden``.
+
+    The XDG base directory rule: ``$XDG_STATE_HOME`` when it is an absolute
+    path, else ``~/.local/state`` (``~/Library/Application Support`` on
+    macOS, where Apple's conventions apply). It is written out here rather
+    than asked of platformdirs, whose import alone costs every command
+    several milliseconds (pathlib, tempfile, random) for this one path.
+    """
+    base = os.environ.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(base):  # unset, empty or relative: the rule says ignore it
+        base = "~/Library/Application Support" if sys.platform == "darwin" else "~/.local/state"
+    return os.path.join(os.path.expanduser(base), "lockwarden")
 
 
 @contextmanager

@@ -16,14 +16,18 @@ scripts, where a traceback is noise and the status is what gets acted on.
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import importlib
 import math
 import os
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
+from types import ModuleType
 from typing import NoReturn, TypeVar
 
-from lockwarden import LockError, LockLost, LockUsageError, __version__
+from lockwarden import LockError, LockLost, LockUsageError, __version__, hooks
 from lockwarden.cli.common import (
     DB_ENV,
     EX_OSERR,
@@ -492,6 +496,28 @@ def _wants_json(argv: Sequence[str]) -> bool:
     return "--json" in own
 
 
+def executable() -> NoReturn:
+    """The ``lockwarden`` executable: `main`, then an exit without the interpreter's teardown.
+
+    When `main` returns, the command has closed its store (its locks
+    released, its threads stopped) and said what it had to. A normal exit
+    would then tear down every imported module, which costs about as much
+    as the command's own work with its lock, and a shell loop pays it on
+    every call. So the exit handlers run (lockwarden's release at exit,
+    logging's flush: what an exit must do), the streams are flushed, and
+    the process ends at once.
+    """
+    status = main()
+    atexit._run_exitfuncs()  # what interpreter shutdown runs first: every atexit handler
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # as in `main`: the reader has seen enough
+        status = 128 + 13
+    with contextlib.suppress(OSError):  # nowhere left to say anything
+        sys.stderr.flush()
+    os._exit(status)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``lockwarden`` executable; returns the exit status (docs/cli.md lists them)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
@@ -502,13 +528,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return status
 
     try:
-        args = _parse(arguments)  # --help and --version end here, before logging is imported
+        args = _parse(arguments)  # --help and --version end here
         # What the store logs (a heartbeat retried while the database is away)
         # is worth seeing during a long run: as one line each, like the rest.
-        import logging  # noqa: PLC0415
-
-        level = logging.INFO if args.verbose else logging.WARNING
-        logging.basicConfig(format="lockwarden: %(message)s", level=level)
+        # Set up only if something is logged: importing logging costs every start.
+        hooks.on_first_log(partial(_show_logs, verbose=args.verbose))
         module, _, function = args.handler.partition(":")
         handler = getattr(importlib.import_module(module), function)
         url = database_url(getattr(args, "db", None)) if module != _GENERATE else ""
@@ -535,6 +559,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "command that caused it, to the lockwarden developers)",
             EX_SOFTWARE,
         )
+
+
+def _show_logs(logging: ModuleType, *, verbose: bool) -> None:
+    """Show the store's log records on stderr, one ``lockwarden:`` line each (INFO with
+    --verbose: the administrators' overrides too)."""
+    level = logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(format="lockwarden: %(message)s", level=level)
 
 
 _GENERATE = "lockwarden.cli.generate"

@@ -10,7 +10,7 @@ the sake of a display.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lockwarden.modes import Mode
@@ -76,7 +76,7 @@ class Snapshot:
         on_cycle = {sid for members in self.cycles for sid in members}
 
         def rows(items: list[Any]) -> list[dict[str, Any]]:
-            return [_plain(asdict(item)) for item in items[:limit]]
+            return [_plain(item) for item in items[:limit]]
 
         return {
             "taken_at": self.taken_at,
@@ -90,7 +90,7 @@ class Snapshot:
             "waiters": rows(self.waiters),
             "sessions": rows(self.sessions),
             "edges": [
-                {**asdict(e), "on_cycle": e.waiter in on_cycle and e.blocker in on_cycle}
+                {**e._asdict(), "on_cycle": e.waiter in on_cycle and e.blocker in on_cycle}
                 for e in self.edges
             ],
             "cycles": self.cycles,
@@ -98,9 +98,10 @@ class Snapshot:
 
 
 def _plain(value: Any) -> Any:
-    """A mode as the store's word for it ("read", "write"); records are dicts already."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+    """A record as a dict (a lock's holder within it too); a mode as the store's word
+    for it ("read", "write")."""
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):  # the store's NamedTuples
+        return {k: _plain(v) for k, v in value._asdict().items()}
     if isinstance(value, Mode):
         return value.word
     return value

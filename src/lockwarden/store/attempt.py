@@ -13,7 +13,7 @@ multi-lock's other names.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from lockwarden.store import queries
 from lockwarden.store.backend import AcquireRequest, Attempt, Row, Run
@@ -33,8 +33,7 @@ def _all_locked(run: Run, names: Sequence[str]) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class Engine:
+class Engine(NamedTuple):
     """What a client-side backend supplies to `attempt`."""
 
     reserve: Callable[[Run, str, int], int]

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import os
 import random
-import secrets
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from typing import Any, Generic, Literal, TypeVar
+from types import MappingProxyType
+from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 from lockwarden.errors import StoreError
 from lockwarden.store import process, schema
@@ -35,6 +34,25 @@ Opening = Literal["create", "existing", "inspect"]
 
 T = TypeVar("T")
 C = TypeVar("C")
+
+
+STORE_LOG = "lockwarden.store"
+"""The logger (`hooks.logger`) of what goes wrong out of sight: a heartbeat retried,
+a close that failed, a notification listener reconnecting."""
+
+TAG_LENGTH = 16
+"""Hex digits at the end of a session id that name its store's wake-up route
+(PostgreSQL's grant channel, SQLite's inbox): `Backend.new_session_id`."""
+
+
+def random_hex(nbytes: int) -> str:
+    """``nbytes`` from the OS's CSPRNG in hex: the ids of sessions, requests and tags.
+
+    The same bytes as `secrets.token_hex`, without importing `secrets`
+    (which brings in `hmac` and `hashlib`: milliseconds at every start of
+    the command line, for nothing it needs).
+    """
+    return os.urandom(nbytes).hex()
 
 
 def jittered(delay: float) -> float:
@@ -110,8 +128,7 @@ class Pool(Generic[C]):
             self._close(conn)
 
 
-@dataclass(frozen=True)
-class AcquireRequest:
+class AcquireRequest(NamedTuple):
     """One attempt of one request, as sent to the database (design note, "Acquire")."""
 
     session_id: str
@@ -132,13 +149,12 @@ class AcquireRequest:
     (SQLite then looks before it queues for the write lock)."""
 
 
-@dataclass(frozen=True)
-class Attempt:
+class Attempt(NamedTuple):
     """What one attempt found, identical from both backends."""
 
     status: str
     """"granted", "blocked", "lost" (our session is not live) or "deadlock"."""
-    tokens: Mapping[str, int] = field(default_factory=dict)
+    tokens: Mapping[str, int] = MappingProxyType({})
     """The fencing token of each name (granted)."""
     reclaimed: bool = False
     """Rows of dead holders were removed on the way (granted or blocked)."""
@@ -220,7 +236,7 @@ class Backend(ABC):
 
     def new_session_id(self) -> str:
         """A new session's id: 128 random bits (a backend may add what routes its wake-ups)."""
-        return secrets.token_hex(16)
+        return random_hex(16)
 
 
 class SQLBackend(Backend):
@@ -251,7 +267,7 @@ class SQLBackend(Backend):
     def _shown(self, plan: schema.Plan) -> schema.Plan:
         """``plan`` with its statements as the database would receive them, for a person."""
         steps = tuple((v, tuple(map(self.dialect.render, sql))) for v, sql in plan.steps)
-        return replace(plan, steps=steps)
+        return plan._replace(steps=steps)
 
     def _migrate(
         self,

@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import logging
 import os
 import socket
 import threading
@@ -34,12 +33,11 @@ import requests
 from etcd3gw import exceptions
 from etcd3gw.client import Etcd3Client
 
+from lockwarden import hooks
 from lockwarden.errors import StoreError
 from lockwarden.store import process
-from lockwarden.store.backend import Stats
+from lockwarden.store.backend import STORE_LOG, Stats
 from lockwarden.store.url import StoreURL
-
-log = logging.getLogger("lockwarden.store")
 
 CALL_TIMEOUT = 1.0
 """Seconds one member has to answer one request before the next member is asked. A
@@ -302,7 +300,9 @@ class Watch:
                 self._stream(member)
             except Exception as exc:  # any break (reset, closed under us, garbage): resume
                 if not self._closed:
-                    log.info("etcd watch on %s broke, resuming: %s", member.base_url, exc)
+                    hooks.logger(STORE_LOG).info(
+                        "etcd watch on %s broke, resuming: %s", member.base_url, exc
+                    )
             if not self._closed:
                 time.sleep(0.05)
 

@@ -24,7 +24,6 @@ import importlib
 import json
 import os
 import re
-import secrets
 import socket
 import threading
 import time
@@ -47,6 +46,7 @@ from lockwarden.store.backend import (
     Run,
     SQLBackend,
     jittered,
+    random_hex,
 )
 from lockwarden.store.pgconn import RETRY_DELAYS
 from lockwarden.store.plpgsql import BUCKETS, GRAPH_KEY
@@ -254,7 +254,7 @@ class MySQLBackend(SQLBackend):
         self._driver = _import_driver()
         self._options = mysql_options(url.target)
         self._pool: Pool[Connection] = Pool(self._connect, _close)
-        self._doorbell = secrets.token_hex(16)
+        self._doorbell = random_hex(16)
         self._closed = threading.Event()
         self._listening = threading.Event()
         self._listen_tried = threading.Event()

@@ -16,7 +16,7 @@ import zlib
 from typing import Final
 
 from lockwarden.store import queries
-from lockwarden.store.backend import Run
+from lockwarden.store.backend import TAG_LENGTH, Run
 
 BUCKETS = 1024
 """Names hash into this many advisory-lock keys per schema.
@@ -44,10 +44,6 @@ MIGRATION_KEY = -2
 def channel(schema: str) -> str:
     """The NOTIFY channel of a schema's store: lock names whose waiters must look again."""
     return f"lockwarden_{schema}"
-
-
-TAG_LENGTH = 16
-"""Hex digits at the end of a session id that name its store's grant channel."""
 
 
 def grant_channel(tag: str) -> str:

@@ -11,15 +11,16 @@ request id, so a retried acquire is recognised rather than granted twice.
 
 from __future__ import annotations
 
-import logging
-import secrets
 import threading
 from collections.abc import Callable, Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from lockwarden import hooks
 from lockwarden.store import plpgsql, queries
 from lockwarden.store.backend import (
+    STORE_LOG,
+    TAG_LENGTH,
     AcquireRequest,
     Attempt,
     Opening,
@@ -28,6 +29,7 @@ from lockwarden.store.backend import (
     Run,
     SQLBackend,
     jittered,
+    random_hex,
 )
 from lockwarden.store.pgconn import Connections, describe
 from lockwarden.store.url import StoreURL, import_psycopg
@@ -41,7 +43,6 @@ T = TypeVar("T")
 _POLL_FALLBACK = 1.0
 """Waiters look at least this often (before jitter) while there is no LISTEN connection."""
 
-log = logging.getLogger("lockwarden.store")
 
 _LISTEN_POLL = 0.2
 """How long the listener waits for a notification before checking whether the store closed.
@@ -65,7 +66,7 @@ class PostgresBackend(SQLBackend):
         self._connections = Connections(url)
         self.dialect = queries.postgres(url.schema)
         self.relaxed = relaxed
-        self._tag = secrets.token_hex(plpgsql.TAG_LENGTH // 2)
+        self._tag = random_hex(TAG_LENGTH // 2)
         self._tuple_row = self._psycopg.rows.tuple_row
         self._lock_sql = _LOCK.format(schema=url.schema)
         self._release_sql = _RELEASE.format(schema=url.schema)
@@ -228,7 +229,7 @@ class PostgresBackend(SQLBackend):
                     conn.close()
             except Exception as exc:  # a StoreError from connect, a psycopg.Error after
                 if failures == 0:
-                    log.warning(
+                    hooks.logger(STORE_LOG).warning(
                         "lock store %s: no LISTEN connection, waiters poll until it is back: %s",
                         self.url.display,
                         describe(self.url, exc),
@@ -247,7 +248,7 @@ class PostgresBackend(SQLBackend):
     def new_session_id(self) -> str:
         """Random, and ending with this store's tag: grants to its waiters notify its
         own channel (`plpgsql.grant_channel`)."""
-        return secrets.token_hex(16) + self._tag
+        return random_hex(16) + self._tag
 
     def close(self) -> None:
         self._closed.set()

@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from functools import cache
-from typing import Final
+from typing import Final, NamedTuple
 
 LIVE: Final = "(NOT s.expired AND s.heartbeat_at + s.ttl > {now})"
 """A session is live iff it is not marked expired and its heartbeat is younger than its TTL."""
@@ -37,8 +36,7 @@ LIVE: Final = "(NOT s.expired AND s.heartbeat_at + s.ttl > {now})"
 _PARAM = re.compile(r"(?<![:\w]):([a-z_]+)")
 
 
-@dataclass(frozen=True)
-class Dialect:
+class Dialect(NamedTuple):
     """How shared SQL text becomes runnable text for one target."""
 
     prefix: str
@@ -101,7 +99,7 @@ def postgres(schema: str) -> Dialect:
 
 def plpgsql(schema: str) -> Dialect:
     """Statements inside PL/pgSQL: parameters are variables, the clock is read once."""
-    return replace(postgres(schema), now="_now", param="_{}")
+    return postgres(schema)._replace(now="_now", param="_{}")
 
 
 # -- sessions ---------------------------------------------------------------

@@ -21,8 +21,7 @@ operators.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 SCHEMA_VERSION: Final = 7
 
@@ -168,8 +167,7 @@ def compatible_from(version: int) -> int:
     return COMPATIBLE_FROM.get(version, version)
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """What opening a store does to its tables, or would do (``lockwarden init --check``)."""
 
     url: str

@@ -18,10 +18,8 @@ opens its own (design note, "Processes: exit and fork").
 from __future__ import annotations
 
 import atexit
-import logging
 import math
 import os
-import secrets
 import socket
 import threading
 import time
@@ -29,9 +27,8 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from lockwarden import hooks
 from lockwarden.errors import (
@@ -44,7 +41,16 @@ from lockwarden.errors import (
 )
 from lockwarden.modes import Mode
 from lockwarden.store import process, queries, schema, validate
-from lockwarden.store.backend import Backend, NoStore, Opening, SQLBackend, Stats, jittered
+from lockwarden.store.backend import (
+    STORE_LOG,
+    Backend,
+    NoStore,
+    Opening,
+    SQLBackend,
+    Stats,
+    jittered,
+    random_hex,
+)
 from lockwarden.store.fence import Fence
 from lockwarden.store.heartbeat import Heartbeat
 from lockwarden.store.sqlite import SQLiteBackend
@@ -64,8 +70,7 @@ from lockwarden.store.waiting import Grant, Want, acquire, acquire_steps, descri
 if TYPE_CHECKING:
     from lockwarden.store.aio import AsyncAcquire
 
-log = logging.getLogger("lockwarden.store")
-admin_log = logging.getLogger("lockwarden.admin")
+ADMIN_LOG = "lockwarden.admin"
 """Where administrators' overrides are logged (INFO: a deliberate act, recorded in the store
 too, `Store.admin_log`; the command line shows it with --verbose)."""
 
@@ -97,7 +102,7 @@ def _close_at_exit() -> None:
             try:
                 store.close()
             except Exception as exc:  # the TTL still frees the locks
-                log.warning("closing %s at exit failed: %s", store.url, exc)
+                hooks.logger(STORE_LOG).warning("closing %s at exit failed: %s", store.url, exc)
 
 
 class Store:
@@ -321,11 +326,11 @@ class Store:
 
     def _record(self, action: str, subject: str, detail: str) -> None:
         """Log an administrator's override and keep it in the store (`admin_log`)."""
-        admin_log.info("%s %r on %s: %s", action, subject, self.url, detail)
+        hooks.logger(ADMIN_LOG).info("%s %r on %s: %s", action, subject, self.url, detail)
         self._backend.query(
             queries.RECORD_ADMIN,
             {
-                "id": secrets.token_hex(16),
+                "id": random_hex(16),
                 "action": action,
                 "subject": subject,
                 "detail": detail,
@@ -664,9 +669,13 @@ class Session:
             try:
                 self._backend.release(self.id, request_id, names)
             except Exception as exc:
-                log.debug("release of %s by %r not confirmed yet: %s", names, self, exc)
+                hooks.logger(STORE_LOG).debug(
+                    "release of %s by %r not confirmed yet: %s", names, self, exc
+                )
                 continue
-            log.info("release of %s by %r confirmed after a failure", list(names), self)
+            hooks.logger(STORE_LOG).info(
+                "release of %s by %r confirmed after a failure", list(names), self
+            )
             with self._lock:
                 self._releasing.pop(request_id, None)
         with self._lock:
@@ -833,7 +842,7 @@ class Session:
             except LockLost:
                 pass  # reported below
             except Exception as exc:  # the lease deadline decides when this becomes a loss
-                log.warning("heartbeat of %r failed, retrying: %s", self, exc)
+                hooks.logger(STORE_LOG).warning("heartbeat of %r failed, retrying: %s", self, exc)
                 self._next_beat = t0 + jittered(self._interval / 2)
                 return
             else:
@@ -876,7 +885,7 @@ class Session:
             except NotHeld:
                 pass  # released meanwhile, or with the session
             except Exception as exc:  # lost, or the database is unreachable: the TTL frees it
-                log.warning("releasing dropped %r failed: %s", stamp, exc)
+                hooks.logger(STORE_LOG).warning("releasing dropped %r failed: %s", stamp, exc)
 
     def _report_loss(self) -> None:
         with self._lock:
@@ -887,12 +896,12 @@ class Session:
         try:  # its rows stop counting at once, not a TTL later
             self._backend.change(queries.EXPIRE_SESSION, {"session": self.id})
         except Exception as exc:
-            log.warning("could not mark lost session %r expired: %s", self, exc)
+            hooks.logger(STORE_LOG).warning("could not mark lost session %r expired: %s", self, exc)
         if self._on_lost is not None:
             try:
                 self._on_lost(LockLost(f"{self!r} lost its locks: {self._lost}"))
             except Exception:
-                log.exception("on_lost callback of %r raised", self)
+                hooks.logger(STORE_LOG).exception("on_lost callback of %r raised", self)
 
 
 @contextmanager
@@ -916,8 +925,7 @@ def _reporting(want: Want) -> Iterator[None]:
         hooks.emit("acquired", name, mode.word, time.monotonic() - since)
 
 
-@dataclass(frozen=True)
-class Granted:
+class Granted(NamedTuple):
     """One lock of a stamp."""
 
     name: str

@@ -19,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import secrets
 import select
 import socket
 import sqlite3
@@ -34,6 +33,7 @@ from lockwarden.errors import StoreError
 from lockwarden.store import queries
 from lockwarden.store.attempt import Engine, Told, attempt, grant
 from lockwarden.store.backend import (
+    TAG_LENGTH,
     AcquireRequest,
     Attempt,
     Opening,
@@ -42,8 +42,8 @@ from lockwarden.store.backend import (
     Row,
     Run,
     SQLBackend,
+    random_hex,
 )
-from lockwarden.store.plpgsql import TAG_LENGTH
 from lockwarden.store.url import StoreURL
 
 T = TypeVar("T")
@@ -203,7 +203,7 @@ class SQLiteBackend(SQLBackend):
         except OSError as exc:
             raise StoreError(f"lock store {url.display}: {exc}") from exc
         self._closed = threading.Event()
-        self._tag = secrets.token_hex(TAG_LENGTH // 2)
+        self._tag = random_hex(TAG_LENGTH // 2)
         self._kicks = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         for end in self._kicks:
             end.setblocking(False)
@@ -337,7 +337,7 @@ class SQLiteBackend(SQLBackend):
     def new_session_id(self) -> str:
         """Random, and ending with this store's tag: a release pokes the inbox of the
         waiter's own store (`_inbox_address`)."""
-        return secrets.token_hex(16) + self._tag
+        return random_hex(16) + self._tag
 
     def _poke(self, told: list[Told]) -> None:
         """Tell each request what a release did: here directly, in another process

@@ -7,8 +7,7 @@ is no longer live (design note, "The liveness predicate").
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from lockwarden.errors import Holder
 from lockwarden.modes import Mode
@@ -26,8 +25,7 @@ def holder_of(row: Mapping[str, Any]) -> Holder:
     )
 
 
-@dataclass(frozen=True)
-class LockEntry:
+class LockEntry(NamedTuple):
     """One granted lock (a read lock has one entry per reader)."""
 
     name: str
@@ -40,8 +38,7 @@ class LockEntry:
     the "refuse" policy, report it)."""
 
 
-@dataclass(frozen=True)
-class WaiterEntry:
+class WaiterEntry(NamedTuple):
     """One queued request for one name, in queue order within the name."""
 
     name: str
@@ -57,8 +54,7 @@ class WaiterEntry:
     """The waiter's session is not live, or its deadline passed: it no longer counts."""
 
 
-@dataclass(frozen=True)
-class SessionEntry:
+class SessionEntry(NamedTuple):
     """One session: a participant in the store, kept alive by its heartbeat."""
 
     session_id: str
@@ -75,8 +71,7 @@ class SessionEntry:
     """Not expired and its heartbeat younger than its TTL: its locks count."""
 
 
-@dataclass(frozen=True)
-class WaitEdge:
+class WaitEdge(NamedTuple):
     """Session ``waiter`` waits on ``name`` for session ``blocker`` (holder or waiter ahead)."""
 
     waiter: str
@@ -84,8 +79,7 @@ class WaitEdge:
     name: str
 
 
-@dataclass(frozen=True)
-class Permits:
+class Permits(NamedTuple):
     """How many holders each mode of a name admits at once."""
 
     read: int | None
@@ -93,8 +87,7 @@ class Permits:
     write: int
 
 
-@dataclass(frozen=True)
-class Cleaned:
+class Cleaned(NamedTuple):
     """What `Store.clean` removed."""
 
     sessions: int
@@ -102,8 +95,7 @@ class Cleaned:
     waiters: int
 
 
-@dataclass(frozen=True)
-class AdminAction:
+class AdminAction(NamedTuple):
     """One administrator's override, as `Store.admin_log` returns it."""
 
     action: str

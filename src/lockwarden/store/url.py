@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
-from typing import Any, Final
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+from typing import Any, Final, NamedTuple
 
 from lockwarden.errors import LockUsageError, StoreError
 from lockwarden.store.validate import shown
@@ -103,13 +101,12 @@ _EXAMPLES = (
 )
 
 
-@dataclass(frozen=True)
-class StoreURL:
+class StoreURL(NamedTuple):
     """Where a store lives, split into what each backend needs."""
 
     backend: str
     """"sqlite", "postgresql", "etcd" or "mysql"."""
-    target: str = field(repr=False)
+    target: str
     """The absolute SQLite file path, the libpq connection string (without ``schema``),
     the etcd endpoints ("host:port,host:port"), or the MySQL URL (read by `mysql_options`)."""
     schema: str
@@ -117,8 +114,14 @@ class StoreURL:
     ("" on SQLite)."""
     display: str
     """The URL for messages: everything but the password."""
-    secrets: tuple[str, ...] = field(default=(), repr=False)
+    secrets: tuple[str, ...] = ()
     """Every form in which a secret of the string may appear (longest first)."""
+
+    def __repr__(self) -> str:
+        # Never the target nor the secrets: a libpq string may hold a password.
+        return (
+            f"StoreURL(backend={self.backend!r}, schema={self.schema!r}, display={self.display!r})"
+        )
 
     def redact(self, text: str) -> str:
         """``text`` with every form of the string's secrets replaced by ``***``."""
@@ -228,6 +231,8 @@ def _mysql(url: str) -> StoreURL:
 
 def mysql_options(url: str) -> dict[str, object]:
     """The driver's connection arguments for a MySQL URL; `LockUsageError` if any is bad."""
+    from urllib.parse import parse_qsl, unquote, urlsplit  # noqa: PLC0415  (SQLite's start skips it)
+
     try:
         parts = urlsplit(url)
     except ValueError:  # not quoted: the URL may hold a password
@@ -340,6 +345,8 @@ def _split_uri(url: str) -> tuple[str, str | None, tuple[str, ...], str]:
     met before any ``/``, and the query starts at the first ``?`` after it.
     The text is otherwise left exactly as given.
     """
+    from urllib.parse import unquote  # noqa: PLC0415  (SQLite's start skips it)
+
     start = url.index("//") + 2
     at = _userinfo_end(url, start)
     userinfo = url[start : at - 1] if at is not None else ""
@@ -412,6 +419,8 @@ def _secret(key: str) -> bool:
 def _redact(url: str) -> str:
     """The URL without its password (in the user part or as a parameter) and without a
     fragment (which the store ignores, and which may hold anything); as given otherwise."""
+    from urllib.parse import parse_qsl, quote, urlencode, urlsplit  # noqa: PLC0415  (as above)
+
     parts = urlsplit(url)
     params = parse_qsl(parts.query, keep_blank_values=True)
     if parts.password is None and not any(_secret(key) for key, _ in params) and not parts.fragment:

@@ -22,13 +22,11 @@ the lock on.
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from lockwarden import hooks
 from lockwarden.errors import (
@@ -41,7 +39,7 @@ from lockwarden.errors import (
 )
 from lockwarden.modes import Mode
 from lockwarden.store import process
-from lockwarden.store.backend import AcquireRequest, Attempt, Backend, Row
+from lockwarden.store.backend import AcquireRequest, Attempt, Backend, Row, random_hex
 from lockwarden.store.queries import EXPIRE_SESSION
 from lockwarden.store.status import holder_of
 from lockwarden.store.validate import MAX_WAIT
@@ -56,15 +54,13 @@ _PAST_THE_EDGE = 0.005
 """Look again this long after a blocker's deadline, so that it has certainly passed."""
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(NamedTuple):
     """Run a (blocking) database call and send its result back."""
 
     fn: Callable[[], Any]
 
 
-@dataclass(frozen=True)
-class Listen:
+class Listen(NamedTuple):
     """Subscribe to the wake-ups of ``names`` and of ``request_id`` (`Wakeups.add`)."""
 
     names: frozenset[str]
@@ -75,8 +71,7 @@ class Listen:
     """`Wakeups.epoch` before the first attempt."""
 
 
-@dataclass(frozen=True)
-class Wait:
+class Wait(NamedTuple):
     """Wait up to ``seconds`` (None: without limit); a wake-up ends it early if ``woken``.
 
     Sends back what ended it (`Woken`): the tokens of a grant made to the request
@@ -147,8 +142,7 @@ def run_sync(steps: Steps[T], wakeups: Wakeups) -> T:
     return driver.result
 
 
-@dataclass(frozen=True)
-class Want:
+class Want(NamedTuple):
     """A lock request as the waiting loop needs it."""
 
     session_id: str
@@ -170,7 +164,7 @@ def acquire(backend: Backend, want: Want) -> Grant:
     The first attempt is a plain call; only if it is blocked (or needs a
     lock delay, or failed) does the waiting loop take over from it.
     """
-    request_id = secrets.token_hex(16)
+    request_id = random_hex(16)
     epoch, since = backend.wakeups.epoch, time.monotonic()
     names = tuple(name for name, _ in want.items)
     try:
@@ -219,7 +213,7 @@ def acquire_steps(
     with its ``request_id``, when it began (``since``) and the `Wakeups.epoch`
     read before it.
     """
-    request_id = request_id or secrets.token_hex(16)
+    request_id = request_id or random_hex(16)
     epoch = backend.wakeups.epoch if epoch is None else epoch
     since = time.monotonic() if since is None else since
     names = tuple(name for name, _ in want.items)
@@ -342,8 +336,7 @@ def _abandon(
         exc.add_note(f"removing the abandoned request also failed: {cleanup}")
 
 
-@dataclass(frozen=True)
-class _Blocked:
+class _Blocked(NamedTuple):
     holders: tuple[Holder, ...]
     waiters_ahead: int
     recheck: float | None
