@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from lockwarden.modes import Mode
-from lockwarden.store import Store, queries, sqlite
+from lockwarden.store import Store, connect, queries, sqlite
 from tests.conftest import Background, Child, wait_for
 
 
@@ -54,6 +54,36 @@ def test_a_release_in_another_process_pokes_the_granted_waiter(
         lock = waiting.result(timeout=10)
         assert [e.token for e in store.locks("poked")] == [lock.token]
         assert store.stats["handed"] == 1 and store.stats["attempts"] == attempts
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="pokes use Linux's abstract sockets")
+@pytest.mark.parametrize("freed_by", ["close", "break"])
+def test_a_waiter_sleeps_through_other_commits_and_wakes_for_its_name(
+    store: Store, url: str, monkeypatch: pytest.MonkeyPatch, freed_by: str
+) -> None:
+    """Where pokes arrive, the poller's wake-up of every waiter is only a safety net (here
+    slowed to 30 s): locks of other names coming and going cost the waiter no attempt, and
+    a change that frees its name (a closed session, a broken lock) pokes it."""
+    monkeypatch.setattr(sqlite, "SAFETY_NET", 30.0)
+    with connect(url) as theirs, connect(url) as busy, store.session(app_id="here") as s:
+        holder = theirs.session(app_id="holder")
+        holder.lock("a")
+        waiting = Background(lambda: s.lock("a", timeout=20))
+        wait_for(lambda: store.waiters("a"), what="the waiter to queue")
+        time.sleep(0.3)  # its attempts are made: it waits
+        attempts = store.stats["attempts"]
+        with busy.session(app_id="busy") as b:
+            for _ in range(30):
+                b.lock("b").release()
+        time.sleep(0.3)  # the poller here has seen those commits
+        assert store.stats["attempts"] == attempts
+        if freed_by == "close":
+            holder.close()
+        else:
+            busy.break_lock("a")
+        lock = waiting.result(timeout=10)
+        assert [e.token for e in store.locks("a")] == [lock.token]
+        holder.close()
 
 
 def test_a_busy_writer_does_not_starve_a_heartbeat(store: Store) -> None:

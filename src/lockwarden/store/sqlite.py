@@ -24,6 +24,7 @@ import socket
 import sqlite3
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext, suppress
@@ -53,6 +54,13 @@ BUSY_TIMEOUT = 10.0
 
 POLL_MIN, POLL_MAX = 0.002, 0.05
 """The cross-process poll interval: short after a change, doubling to the maximum while idle."""
+
+SAFETY_NET = 0.1
+"""Seconds between two wake-ups of every waiter by the poller, where pokes reach this store.
+
+Every change that may let a waiter in pokes it (a release, a reclaim, a refusal, a
+closed session, an administrator's override), so a change seen by the poller only
+matters if a poke was lost: it is answered at most this often, never dropped."""
 
 _STEPS = {
     1: ["INSERT INTO lw_meta (key, value) VALUES ('token', 0), ('seq', 0)"],
@@ -279,10 +287,13 @@ class SQLiteBackend(SQLBackend):
         return self._run(lambda conn: self._execute(conn, sql, params))
 
     def change(self, statements: Sequence[str], params: Params) -> list[list[str | None]]:
-        found = self._in_transaction(
-            lambda run: [[row["name"] for row in run(sql, params)] for sql in statements]
-        )
+        def work(run: Run) -> tuple[list[list[str | None]], list[Told]]:
+            found = [[row["name"] for row in run(sql, params)] for sql in statements]
+            return found, _look_again(run, {n for names in found for n in names if n is not None})
+
+        found, told = self._in_transaction(work)
         self.wakeups.wake({name for names in found for name in names if name is not None})
+        self._poke(told)
         return found
 
     # -- the lock algorithm ----------------------------------------------------------
@@ -309,10 +320,17 @@ class SQLiteBackend(SQLBackend):
             found = self._in_transaction(
                 lambda run: attempt(run, request, woken, _ENGINE, write=False), write=False
             )
+        told: list[Told] = []
         if found is None:
-            found = self._in_transaction(lambda run: attempt(run, request, woken, _ENGINE))
-            assert found is not None  # allowed to write, every path ends in an Attempt
+
+            def work(run: Run) -> tuple[Attempt, list[Told]]:
+                made = attempt(run, request, woken, _ENGINE)
+                assert made is not None  # allowed to write, every path ends in an Attempt
+                return made, _look_again(run, woken, but=request.request_id)
+
+            found, told = self._in_transaction(work)
         self.wakeups.wake(woken)
+        self._poke(told)
         return found
 
     def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
@@ -373,6 +391,9 @@ class SQLiteBackend(SQLBackend):
         version = None
         interval = POLL_MIN
         sources = [self._kicks[0], *([self._inbox] if self._inbox is not None else [])]
+        net = 0.0 if self._inbox is None else SAFETY_NET  # without pokes, the poller is all
+        unanswered = False  # a change seen, and not yet answered by waking every waiter
+        answered_at = -net
         while not self._closed.is_set():
             ready, _, _ = select.select(sources, [], [], interval if self.wakeups.waiting else None)
             if self._kicks[0] in ready:
@@ -391,9 +412,16 @@ class SQLiteBackend(SQLBackend):
             if now != version or now is None:
                 version = now
                 interval = POLL_MIN
-                self.wakeups.wake_all()
-            else:
+                unanswered = True
+            elif not unanswered:
                 interval = min(interval * 2, POLL_MAX)
+            if unanswered:
+                due = answered_at + net - time.monotonic()
+                if due > 0:
+                    interval = max(due, POLL_MIN)  # come back when the net may fall again
+                else:
+                    unanswered, answered_at = False, time.monotonic()
+                    self.wakeups.wake_all()
         if conn is not None:
             conn.close()
 
@@ -407,6 +435,17 @@ class SQLiteBackend(SQLBackend):
         for sock in (*self._kicks, self._outbox, self._inbox):
             if sock is not None:
                 sock.close()
+
+
+def _look_again(run: Run, names: set[str], but: str = "") -> list[Told]:
+    """The requests queued on ``names`` (but request ``but``), each to be told to attempt
+    again: what a change other than a release freed there (a dead holder reclaimed, a
+    refused request's queue entries, a closed session's locks, an administrator's
+    override), each waiter judges for itself, as it would when the poller woke it."""
+    if not names:
+        return []
+    rows = run(queries.GRANT_CANDIDATES, {"names": sorted(names)})
+    return [(r["request_id"], r["session_id"], None) for r in rows if r["request_id"] != but]
 
 
 def _inbox_address(tag: str) -> bytes | None:
