@@ -109,6 +109,30 @@ def test_permit_caps_bound_the_grant(store: Store) -> None:
     assert queued(store, "pool") == ["c"]
 
 
+def test_a_write_cap_above_one_lets_as_many_writers_in(store: Store) -> None:
+    h = store.session(app_id="h")
+    held = h.lock("pair")
+    for app in ("a", "b", "c"):
+        enqueue(store.session(app_id=app), {"pair": "X"})
+    store.set_permits("pair", write=2, force=True)
+    held.release()
+    assert holders(store, "pair") == [("a", "X"), ("b", "X")]
+    assert queued(store, "pair") == ["c"]
+
+
+def test_a_dead_holder_left_on_the_name_keeps_a_writer_queued(store: Store) -> None:
+    """The release's grant never reclaims: the waiter does, under its own stale policy."""
+    dead, r, w = (store.session(app_id=a, ttl=0.6) for a in ("dead", "r", "w"))
+    dead.lock("left", "read")
+    held = r.lock("left", "read")
+    enqueue(w, {"left": "X"})
+    stop_heartbeat(dead)
+    time.sleep(0.8)  # dead is stale, but nobody has reclaimed its lock yet
+    held.release()
+    assert holders(store, "left") == [("dead", "S")]
+    assert queued(store, "left") == ["w"]
+
+
 def test_a_multi_lock_waiter_is_granted_all_or_nothing(store: Store) -> None:
     h1, h2, m, s = (store.session(app_id=a) for a in ("h1", "h2", "m", "s"))
     on_a, on_b = h1.lock("ma"), h2.lock("mb")

@@ -13,6 +13,7 @@ import pytest
 import lockwarden
 from lockwarden import LockTimeout, StoreError
 from lockwarden.store import Store, plpgsql
+from lockwarden.store.backend import AcquireRequest
 from tests.conftest import Background, pg_admin, wait_for
 
 
@@ -216,6 +217,27 @@ def test_relaxed_durability_keeps_tokens_monotonic_across_a_restart(
             assert after > max(before)
             assert after >> 40 == 1  # tokens moved on to the next range
             assert s.lock("e-again").token > after  # once
+    finally:
+        store.close()
+
+
+def test_a_grant_on_release_after_a_restart_moves_tokens_on(pg_url: str, pg_schema: str) -> None:
+    store = lockwarden.connect(pg_url)
+    try:
+        h, w = store.session(app_id="h"), store.session(app_id="w")
+        held = h.lock("handed")
+        request = secrets.token_hex(16)
+        attempt = store._backend.acquire(
+            AcquireRequest(w.id, request, ("handed",), ("X",), True, False, None)
+        )
+        assert attempt.status == "blocked"
+        with pg_admin() as conn:  # a restart, as in the test above
+            conn.execute(f"SELECT setval('{pg_schema}.lw_token_seq', 1)")
+            conn.execute(f"UPDATE {pg_schema}.lw_meta SET value = 0 WHERE key = 'started'")
+        held.release()
+        [granted] = store.locks("handed")
+        assert granted.holder.app_id == "w"
+        assert granted.token > held.token and granted.token >> 40 == 1
     finally:
         store.close()
 

@@ -63,6 +63,44 @@ def _grant_channel_of(session: str) -> str:
     return f"'lw_' || right({session}, {TAG_LENGTH})"
 
 
+_GRANT_HEAD: Final = f"""
+WITH head AS (
+    SELECT w.request_id, w.session_id, w.mode
+    FROM {{p}}lw_waiters AS w JOIN {{p}}lw_sessions AS s ON s.id = w.session_id
+    WHERE w.name = :name AND {queries.LIVE} AND (w.expires_at IS NULL OR w.expires_at > {{now}})
+    ORDER BY w.seq
+    LIMIT 1
+),
+alone AS (
+    SELECT h.request_id, h.session_id FROM head AS h
+    WHERE h.mode = 'X'
+      AND NOT EXISTS (SELECT 1 FROM {{p}}lw_holders WHERE name = :name)
+      AND NOT EXISTS (SELECT 1 FROM {{p}}lw_waiters AS o
+                      WHERE o.request_id = h.request_id AND o.session_id = h.session_id
+                        AND o.name <> :name)
+      AND coalesce((SELECT write_permits FROM {{p}}lw_permits WHERE name = :name), 1) = 1
+      AND (SELECT value FROM {{p}}lw_meta WHERE key = 'started') = {{started}}
+),
+granted AS (
+    INSERT INTO {{p}}lw_holders (request_id, name, mode, session_id, token, granted_at)
+    SELECT request_id, :name, 'X', session_id, {{token}}, {{now}} FROM alone
+    RETURNING request_id, session_id, token
+),
+dequeued AS (
+    DELETE FROM {{p}}lw_waiters AS w USING alone
+    WHERE w.request_id = alone.request_id AND w.session_id = alone.session_id
+)
+SELECT request_id, session_id, token INTO _request, _session, _token FROM granted
+"""
+"""The common hand-off in one statement: a release of one name whose first live waiter
+is a single-name exclusive request, with nobody left holding the name (dead holders
+included), a write cap of one and no server restart since the last grant, grants that
+waiter. `lw_grant`'s loop would make the same grant (nothing is in the way: no holder,
+no live waiter ahead, nothing counted against the cap), and then nothing more on the
+name, where every later candidate is blocked by the new writer. Anything else sets
+no variable and the loop decides."""
+
+
 def functions(schema: str) -> list[str]:
     """``CREATE OR REPLACE FUNCTION`` statements for a schema (kept current by `sync`).
 
@@ -247,47 +285,56 @@ DECLARE
     _blocked boolean;
     _tokens bigint[];
     _i integer;
+    _token bigint;
 BEGIN
     _now := date_part('epoch', clock_timestamp());
-    _names := _released;
-    FOR _candidate IN {d.render(queries.GRANT_CANDIDATES)} LOOP
-        EXIT WHEN _released <@ _closed;
-        _session := _candidate.session_id;
-        _request := _candidate.request_id;
-        _seq := _candidate.seq;
-        SELECT array_agg(w.name), array_agg(w.mode) INTO _names, _modes
-        FROM ({d.render(queries.WAITING_ITEMS)}) AS w;
-        CONTINUE WHEN _names && _closed;  -- behind a waiter blocked there: blocked too
-        -- Names of a multi-lock outside the released ones: their locks are taken out of
-        -- order, so only if free at once; otherwise the request decides for itself.
-        IF NOT coalesce((
-            SELECT bool_and(pg_try_advisory_xact_lock({key}, k.bucket))
-            FROM (SELECT DISTINCT {bucket("n")} AS bucket
-                  FROM unnest(_names) AS n WHERE n <> ALL(_released) ORDER BY 1) AS k), true)
-        THEN
-            PERFORM pg_notify({addressed}, _request);
-            CONTINUE;
-        END IF;
-        _blocked := false;
-        FOR _i IN 1 .. cardinality(_names) LOOP
-            _name := _names[_i];
-            _mode := _modes[_i];
-            IF EXISTS ({d.render(queries.IN_THE_WAY)}) THEN
-                _blocked := true;
-                IF _name = ANY(_released) THEN
-                    _closed := _closed || _name;
-                END IF;
-                EXIT;
+    IF cardinality(_released) = 1 THEN
+        _name := _released[1];
+        {d.render(_GRANT_HEAD)};
+    END IF;
+    IF _request IS NOT NULL THEN  -- an exclusive holder under a cap of one: nobody else gets in
+        PERFORM pg_notify({addressed}, _request || ' ' || _token);
+    ELSE
+        _names := _released;
+        FOR _candidate IN {d.render(queries.GRANT_CANDIDATES)} LOOP
+            EXIT WHEN _released <@ _closed;
+            _session := _candidate.session_id;
+            _request := _candidate.request_id;
+            _seq := _candidate.seq;
+            SELECT array_agg(w.name), array_agg(w.mode) INTO _names, _modes
+            FROM ({d.render(queries.WAITING_ITEMS)}) AS w;
+            CONTINUE WHEN _names && _closed;  -- behind a waiter blocked there: blocked too
+            -- Names of a multi-lock outside the released ones: their locks are taken out of
+            -- order, so only if free at once; otherwise the request decides for itself.
+            IF NOT coalesce((
+                SELECT bool_and(pg_try_advisory_xact_lock({key}, k.bucket))
+                FROM (SELECT DISTINCT {bucket("n")} AS bucket
+                      FROM unnest(_names) AS n WHERE n <> ALL(_released) ORDER BY 1) AS k), true)
+            THEN
+                PERFORM pg_notify({addressed}, _request);
+                CONTINUE;
             END IF;
+            _blocked := false;
+            FOR _i IN 1 .. cardinality(_names) LOOP
+                _name := _names[_i];
+                _mode := _modes[_i];
+                IF EXISTS ({d.render(queries.IN_THE_WAY)}) THEN
+                    _blocked := true;
+                    IF _name = ANY(_released) THEN
+                        _closed := _closed || _name;
+                    END IF;
+                    EXIT;
+                END IF;
+            END LOOP;
+            CONTINUE WHEN _blocked;
+            {move_on}
+            WITH granted AS ({d.render(queries.INSERT_HOLDERS)})
+            SELECT array_agg(g.token) INTO _tokens FROM granted AS g;
+            {d.render(queries.DEQUEUE)};
+            PERFORM pg_notify({addressed}, _request || CASE WHEN cardinality(_tokens) = 1
+                                                            THEN ' ' || _tokens[1] ELSE '' END);
         END LOOP;
-        CONTINUE WHEN _blocked;
-        {move_on}
-        WITH granted AS ({d.render(queries.INSERT_HOLDERS)})
-        SELECT array_agg(g.token) INTO _tokens FROM granted AS g;
-        {d.render(queries.DEQUEUE)};
-        PERFORM pg_notify({addressed}, _request
-                          || CASE WHEN cardinality(_tokens) = 1 THEN ' ' || _tokens[1] ELSE '' END);
-    END LOOP;
+    END IF;
     _names := _released;
     PERFORM pg_notify({_grant_channel_of("r.session_id")}, r.request_id)
     FROM ({d.render(queries.HOLDING_WAITERS)}) AS r;
