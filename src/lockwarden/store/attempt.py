@@ -120,8 +120,9 @@ def _tokens(rows: list[Row]) -> dict[str, int]:
 def grant(run: Run, released: Sequence[str], engine: Engine) -> list[Told]:
     """Let in whoever the released names now admit, in queue order (design note, "Release").
 
-    The steps of PostgreSQL's ``lw_grant`` (`plpgsql`), with the same statements,
-    run in the release's transaction, which holds the locks of ``released``. A
+    The steps of PostgreSQL's ``lw_grant`` loop (`plpgsql`, which tries a one-statement
+    shortcut for the common hand-off first), with the same statements, run in the
+    release's transaction, which holds the locks of ``released``. A
     multi-lock is granted only if the locks of its other names are free at once
     (`Engine.try_lock`); otherwise it is told to attempt for itself. Returns whom
     to tell after the commit: each granted request, each multi-lock left to
