@@ -179,7 +179,7 @@ class Call:
     def _resume(self, req: Request[Any], woke: bool) -> Request[Any] | None:
         """After a wait on `req`: carry on with the next step, or fail cleanly."""
         table = self.table
-        table._acquire()  # not `with table._critical`: this is every waiter's hand-off path
+        table._mutex.acquire()  # not `with table._critical`: this is every waiter's hand-off path
         try:
             if req.failure is not None:
                 raise self._failed(req.failure)

@@ -38,7 +38,6 @@ class LockTable:
     # instance in a shared-key dict only up to about 30 of them, and past
     # that every attribute read on the uncontended path gets slower.
     __slots__ = (
-        "_acquire",
         "_critical",
         "_deadlocks",
         "_depth",
@@ -50,7 +49,6 @@ class LockTable:
         "_next_id",
         "_queues",
         "_range_queues",
-        "_release",
         "_settings",
         "_tables",
         "_timeouts",
@@ -66,8 +64,6 @@ class LockTable:
         self._escalation_floor: float = float("inf") if threshold is None else threshold
         """Escalation is considered only above this many children (README.md, "Escalation")."""
         self._mutex = threading.Lock()
-        self._acquire = self._mutex.acquire
-        self._release = self._mutex.release
         self._critical = _Critical(self)
         self._queues: dict[Hashable, Queue[Mode] | Request[Mode]] = {}
         """The data lock table: a resource's `Queue`, or, while one owner holds it and nobody
@@ -165,10 +161,10 @@ class LockTable:
         """
         wakes = self._wakes
         if not wakes:
-            self._release()
+            self._mutex.release()
             return
         self._wakes = []
-        self._release()
+        self._mutex.release()
         for req in wakes:
             req.wake()
 
@@ -252,7 +248,7 @@ class _Critical:
         self._table = table
 
     def __enter__(self) -> None:
-        self._table._acquire()
+        self._table._mutex.acquire()
 
     def __exit__(self, *exc: object) -> None:
         self._table._leave()

@@ -130,7 +130,7 @@ class Txn:
             # holds the intention mode it needs. Same rule; no plan, no call,
             # no clock read, and the lock is a solo lock (README.md, "Solo
             # locks") in a request kept from the last solo unlock if there is one.
-            mgr._acquire()
+            mgr._mutex.acquire()
             try:
                 parent = self._hot
                 if parent is None or n != 2 or resource[0] != self._hot_head or parent.mode is None:
@@ -161,7 +161,7 @@ class Txn:
                 if mgr._wakes:  # only after an escalation
                     mgr._leave()
                 else:
-                    mgr._release()
+                    mgr._mutex.release()
         call = self._start(resource, mode, timeout, None)
         return call if isinstance(call, Mode) else call.wait()
 
@@ -502,7 +502,7 @@ class Txn:
         lock on an ancestor implies included: unlock the ancestor).
         """
         mgr = self._mgr
-        mgr._acquire()
+        mgr._mutex.acquire()
         try:
             req = self._locks.pop(resource, None)  # one hash of the key, not two
             if req is not None:
@@ -523,7 +523,7 @@ class Txn:
             if mgr._wakes:
                 mgr._leave()
             else:
-                mgr._release()
+                mgr._mutex.release()
 
     def _why_not_unlockable(self, resource: Resource, req: Request[Mode] | None) -> None:
         """Raise the error that says why `resource` cannot be unlocked."""
