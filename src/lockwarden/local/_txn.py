@@ -57,6 +57,8 @@ class Txn:
         "_escalate_at",
         "_hot",
         "_hot_head",
+        "_hot_held",
+        "_hot_mode",
         "_locks",
         "_meta",
         "_mgr",
@@ -86,6 +88,11 @@ class Txn:
         mode is None once it is released (as is any request that leaves its queue)."""
         self._hot_head: Hashable = _NOTHING
         """The first part of the resources `_hot` is the parent of."""
+        self._hot_mode: Mode | None = None
+        """The mode `_hot` was found good for: a lock in another mode asks again."""
+        self._hot_held: Mode | None = None
+        """`_hot`'s mode when it was found good: any change to it (a release, an upgrade, an
+        escalation) makes the next lock ask again."""
         self._spare: Request[Mode] | None = None
         """A request left by the last solo unlock, for the next solo lock (no allocation)."""
 
@@ -120,11 +127,8 @@ class Txn:
         held something else. Raises `LockTimeout` or `Deadlock`; either way
         the txn holds exactly what it held before the call.
         """
-        if mode.__class__ is not Mode:
-            mode = Mode.parse(mode)
         mgr = self._mgr
-        n = len(resource) if resource.__class__ is tuple else 0
-        if timeout is DEFAULT and n > 1 and (mode in _ROW_MODES or n < mgr._depth):
+        if timeout is DEFAULT:
             # The uncontended case, inline: the general path below specialised
             # to a resource nobody has locked, under a parent that already
             # holds the intention mode it needs. Same rule; no plan, no call,
@@ -133,15 +137,15 @@ class Txn:
             mgr._mutex.acquire()
             try:
                 parent = self._hot
-                if parent is None or n != 2 or resource[0] != self._hot_head or parent.mode is None:
-                    parent = self._locks.get(resource[:-1])
-                    if parent is not None and n == 2:
-                        self._hot_head, self._hot = resource[0], parent
                 if (
-                    parent is not None
-                    and parent.mode in _FAST_PARENTS[mode]
-                    and self._waiting is None
+                    resource.__class__ is not tuple
+                    or len(resource) != 2
+                    or resource[0] != self._hot_head
+                    or mode is not self._hot_mode
+                    or parent.mode is not self._hot_held  # type: ignore[union-attr]
                 ):
+                    parent = self._solo_parent(resource, mode)
+                if parent is not None and self._waiting is None:
                     req = self._spare
                     if req is None:
                         req = Request(self, None, mode, None, parent, stamped=False)
@@ -154,7 +158,7 @@ class Txn:
                         mgr._grants += 1
                         if parent.children > mgr._escalation_floor:
                             maybe_escalate(mgr, self, parent, resource[:-1])
-                        return mode
+                        return mode  # type: ignore[return-value]  # a Mode: `_solo_parent` said so
             except TypeError:
                 pass  # an unhashable part: the general path says so
             finally:
@@ -162,8 +166,31 @@ class Txn:
                     mgr._leave()
                 else:
                     mgr._mutex.release()
-        call = self._start(resource, mode, timeout, None)
+        call = self._start(resource, _as_mode(mode), timeout, None)
         return call if isinstance(call, Mode) else call.wait()
+
+    def _solo_parent(self, resource: Resource, mode: Mode | str) -> Request[Mode] | None:
+        """The request under which `resource` can be locked in `mode` as a solo lock, or None.
+
+        That is the txn's granted request on the parent, if its mode is the
+        intention `mode` needs there and implies nothing on the children:
+        the ancestors above it are then held too (README.md, "Hierarchy").
+        For a two-part resource the answer is remembered with what it
+        depends on (`_hot`), so the next lock of a row of the same table in
+        the same mode checks four identities instead of asking again.
+        """
+        if type(mode) is not Mode or type(resource) is not tuple:
+            return None
+        n = len(resource)
+        if n < 2 or (n >= self._mgr._depth and mode not in _ROW_MODES):
+            return None
+        parent = self._locks.get(resource[:-1])
+        if parent is None or parent.mode not in _FAST_PARENTS[mode]:
+            return None
+        if n == 2:
+            self._hot, self._hot_head, self._hot_mode = parent, resource[0], mode
+            self._hot_held = parent.mode
+        return parent
 
     async def lock_async(
         self, resource: Resource, mode: Mode | str, timeout: Timeout = DEFAULT
