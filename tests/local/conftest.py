@@ -74,6 +74,22 @@ def spin(loop: asyncio.AbstractEventLoop, seconds: float = 0.0) -> None:
     loop.run_until_complete(run())
 
 
+def assert_kept_edges_are_fresh(mgr: LockManager) -> None:
+    """Every waiter's edges kept by the deadlock search are those its queue gives it now.
+
+    The search keeps them on the owner and every change to the queue clears
+    them (``_deadlock.py``): a change that forgot to would leave them stale
+    here, and a flag not set where edges are kept would let one slip by.
+    """
+    for _, entry in mgr._all_entries():
+        for req in getattr(entry, "waiting", ()):
+            kept = req.owner._waits_for
+            if kept is not None:
+                assert entry.edges_kept, f"txn {req.owner.id} keeps edges its queue never clears"
+                fresh = tuple(reversed([b.owner for b in entry.blockers(req)]))
+                assert kept == fresh, (req.owner.id, entry.resource, kept, fresh)
+
+
 @pytest.fixture
 def mgr() -> LockManager:
     """A manager whose waits may be long enough for threads to be scheduled reliably."""

@@ -11,6 +11,7 @@ After every step:
 - no waiter could be granted: each one conflicts with a granted lock of
   another owner or with a request waiting ahead of it (no lost wake-up);
 - the waits-for graph has no cycle (every cycle is broken when it forms);
+- the edges the deadlock search keeps are those the queues give now;
 - the snapshot agrees with every owner's `held()` and with the calls that
   are still pending; queues exist only for resources in the snapshot;
 - every row lock has its parent's intention lock.
@@ -28,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from lockwarden import Deadlock, LockManager, LockTimeout, LockUsageError, Mode, NotHeld
 from lockwarden.local import Txn
-from tests.local.conftest import spin
+from tests.local.conftest import assert_kept_edges_are_fresh, spin
 
 OWNERS = 4
 RESOURCES: list[tuple[Hashable, ...]] = [("a",), ("b",), ("a", 1), ("a", 2), ("b", 1)]
@@ -135,6 +136,10 @@ class LockTableMachine(RuleBasedStateMachine):
                 )
                 assert blocked, f"waiter {req.owner.id} on {key} could be granted"
                 ahead.append(req)
+
+    @invariant()
+    def kept_edges_are_fresh(self) -> None:
+        assert_kept_edges_are_fresh(self.mgr)
 
     @invariant()
     def waits_for_graph_is_acyclic(self) -> None:

@@ -30,7 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from lockwarden import Deadlock, LockManager, LockTimeout, LockUsageError, Mode
 from lockwarden.local import SUPREMUM, Kind
-from tests.local.conftest import spin
+from tests.local.conftest import assert_kept_edges_are_fresh, spin
 
 OWNERS = 4
 INITIAL = (10, 20, 30)
@@ -529,6 +529,7 @@ class RangeMachine(RuleBasedStateMachine):
     def the_waits_for_graph_is_acyclic(self) -> None:
         assert self.mgr.waits_for() == self.model.edges()
         assert not any(self.model.on_a_cycle(o) for o in self.model.edges())
+        assert_kept_edges_are_fresh(self.mgr)
 
 
 TestRangeLocks = RangeMachine.TestCase

@@ -10,11 +10,21 @@ the owners of incompatible granted locks and of incompatible requests ahead
 of it in its queue. Its cost is the number of edges it follows, so nothing
 is computed twice:
 
-- Each waiting request keeps the owners it waits for (`Request.edges`),
-  stamped with its queue's `version`; a later search reuses them until that
-  queue changes. Searches repeat over the same waiters (each new waiter
-  searches again from itself), so most nodes of a long chain or a wide fan
-  cost one list walk.
+- The owner of each waiting request in a small queue keeps the owners it
+  waits for (`Owner._waits_for`); every change to that queue clears them
+  (`Queue.forget_edges`), so a later search reuses them until then.
+  Searches repeat over the same waiters (each new waiter searches again
+  from itself), so a node of a long chain or a wide fan costs its owner and
+  one tuple: the request, its queue and the queue's other requests are not
+  read. With 10,000 waiters the walk is bound by memory, not by the
+  interpreter, so what counts is how many places a node makes it reach: the
+  kept edges are a tuple (owners inline, where a list keeps them in a
+  second block), the owner's `_waiting`, `_waits_for` and `_waits_mark`
+  sit side by side, and visited owners are marked there (`_waits_mark`)
+  instead of in a set.
+- Where every mode held in a queue makes the request wait, its holders are
+  the keys of `Queue.granted` (keyed by owner): 10,000 readers in front of a
+  writer are listed without reading one of their requests.
 - In a long queue a FIFO makes the edges quadratic (each waiter waits for
   every incompatible waiter ahead), so there the edges are not kept but
   enumerated once per (queue, mode) pair and search: granted holders once,
@@ -33,6 +43,7 @@ the manager spending unbounded time under its mutex.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from lockwarden.errors import Deadlock
@@ -58,13 +69,12 @@ class _Edges:
         self.ahead_done: dict[tuple[int, object], int] = {}
         self.positions: dict[int, dict[int, int]] = {}
 
-    def of(self, req: Request[Any]) -> list[Owner]:
-        """Owners `req` waits for that this search has not been shown yet, last in queue first."""
+    def of(self, req: Request[Any]) -> Sequence[Owner]:
+        """Owners `req` waits for that this search has not been shown yet, last in queue first.
+
+        Kept on the owner when the queue is small; the caller has looked there first.
+        """
         queue = req.in_queue
-        version = queue.version
-        kept = req.edges
-        if kept is not None and kept[0] == version:
-            return kept[1]
         granted = queue.granted
         waiting = queue.waiting
         if len(granted) + len(waiting) > _SMALL:
@@ -82,8 +92,9 @@ class _Edges:
             if ahead.owner is not owner and mode.conflicts & ahead.wanted.bit:  # type: ignore[union-attr]
                 out.append(ahead.owner)
         out.reverse()
-        req.edges = (version, out)
-        return out
+        kept = owner._waits_for = tuple(out)  # its owners inline: one object to reach, not two
+        queue.edges_kept = True
+        return kept
 
     def _long(self, queue: Queue[Any], req: Request[Any]) -> list[Owner]:
         mode = req.wanted
@@ -96,18 +107,25 @@ class _Edges:
         key = (id(queue), mode)
         saw_requester = self.granted_done.get(key)
         if saw_requester is None:
-            # `granted` is keyed by owner id, so whether the requester is among the holders
-            # is one lookup, not a scan comparing thousands of owners.
+            # `granted` is keyed by owner, so whether the requester is among the holders is
+            # one lookup, not a scan comparing thousands of owners; and when every mode held
+            # there makes `mode` wait, the holders are its keys, without a request read.
             conflicts = mode.conflicts
-            out = [
-                held.owner
-                for held in granted.values()
-                if conflicts & held.mode.bit and held.owner is not owner  # type: ignore[union-attr]
-            ]
-            held_by_requester = granted.get(requester.id)
-            saw_requester = held_by_requester is not None and bool(
-                conflicts & held_by_requester.mode.bit  # type: ignore[union-attr]
-            )
+            if conflicts & queue.mask == queue.mask:
+                out = [*granted]
+                if owner in granted:
+                    out.remove(owner)
+                saw_requester = requester in granted
+            else:
+                out = [
+                    held.owner
+                    for held in granted.values()
+                    if conflicts & held.mode.bit and held.owner is not owner  # type: ignore[union-attr]
+                ]
+                held_by_requester = granted.get(requester)
+                saw_requester = held_by_requester is not None and bool(
+                    conflicts & held_by_requester.mode.bit  # type: ignore[union-attr]
+                )
             self.granted_done[key] = saw_requester
         elif saw_requester and owner is not requester:
             out.append(requester)
@@ -139,45 +157,55 @@ def find_cycle(requester: Owner, max_steps: int, max_depth: int) -> tuple[list[O
     it (False when a bound cut it short; the path is then as far as it got).
     """
     # The loop runs once per edge, for graphs of 10,000 waiters, under the
-    # manager's mutex: one stack of owners still to visit, each node's edges
-    # pushed at once (kept lists are reversed, so pops come in queue order),
-    # and a None below them that, popped, takes the node off the path.
+    # manager's mutex, and allocates nothing a node (an allocation a node
+    # brings the garbage collector in). One stack of owners still to visit:
+    # a node's edges are pushed at once (lists are kept last first, so pops
+    # come in queue order), above the length its path had before the branch,
+    # which, popped, cuts the path back. A node with one edge is followed
+    # without pushing anything: chains, and a fan's waiters that each wait
+    # for one running owner, cost a few reads a node.
     first = requester._waiting
     assert first is not None
     of = _Edges(requester).of
     path: list[Owner] = [requester]
-    stack: list[Owner | None] = [None, *of(first)]
-    seen = {requester}
+    stack: list[Owner | int] = [*(requester._waits_for or of(first))]
+    search = object()  # visited owners are marked with it (`Owner._waits_mark`)
     pop, push, extend = stack.pop, stack.append, stack.extend
     steps = 0
     while stack:
         nxt = pop()
-        if nxt is None:
-            path.pop()
+        if nxt.__class__ is int:
+            del path[nxt:]
             continue
-        steps += 1
-        req = nxt._waiting
-        if req is None:  # running, not waiting: the path ends here (the requester waits)
+        depth = len(path)
+        while True:  # along a branch, as long as each node has one edge
+            steps += 1
+            req = nxt._waiting  # type: ignore[union-attr]
+            if req is None:  # running, not waiting: the path ends here (the requester waits)
+                if steps > max_steps:
+                    return path, False
+                del path[depth:]
+                break
+            if nxt is requester:
+                return path, True
             if steps > max_steps:
                 return path, False
-            continue
-        if nxt is requester:
-            return path, True
-        if steps > max_steps:
-            return path, False
-        if nxt in seen:
-            continue
-        seen.add(nxt)
-        if len(path) >= max_depth:
-            return [*path, nxt], False
-        path.append(nxt)
-        push(None)
-        kept = req.edges
-        queue = req.queue
-        if kept is not None and queue is not None and kept[0] == queue.version:
-            extend(kept[1])
-        else:
-            extend(of(req))
+            if nxt._waits_mark is search:  # type: ignore[union-attr]
+                del path[depth:]
+                break
+            nxt._waits_mark = search  # type: ignore[union-attr]
+            if len(path) >= max_depth:
+                return [*path, nxt], False  # type: ignore[list-item]
+            path.append(nxt)  # type: ignore[arg-type]
+            edges = nxt._waits_for  # type: ignore[union-attr]
+            if edges is None:
+                edges = of(req)
+            if len(edges) == 1:
+                nxt = edges[0]
+                continue
+            push(depth)
+            extend(edges)
+            break
     return None
 
 

@@ -59,8 +59,9 @@ class MetadataQueue(Queue[Mode]):
             if self.streak >= self.streak_limit:
                 # Serve the waiting shared requests first: upgrades stay in
                 # front, then shared, then exclusive, each in arrival order.
+                if self.edges_kept:
+                    self.forget_edges()
                 self.waiting.sort(key=_shared_first)
-                self.version += 1
 
 
 def _shared_first(w: Request[Mode]) -> int:

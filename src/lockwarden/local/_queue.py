@@ -49,6 +49,14 @@ class Owner(Protocol):
     what it held before. Index changes that move a request rewrite its entry (``_ranges.py``)."""
     _escalate_at: dict[int, int]
     """Child count at which escalation is tried again, by id of the parent request."""
+    _waits_for: tuple[Owner, ...] | None
+    """The owners its waiting request waits for, as the deadlock search last read them (last
+    in queue first), or None. Meaningful only while the owner waits: a wait starts with None,
+    and every change to the queue it waits in sets it back to None (`Queue.forget_edges`)."""
+    _waits_mark: object
+    """The deadlock search that last visited the owner (each search is a new object). A mark
+    on the owner, next to the two attributes the search reads, where a set of visited owners
+    would be one more place in memory to reach per node."""
 
     def _books(self, table: Table) -> dict[Any, Request[Any]]:
         """The owner's requests in `table`, by key: at most one per key."""
@@ -69,7 +77,6 @@ class Request(Generic[M]):
 
     __slots__ = (
         "children",
-        "edges",
         "failure",
         "mode",
         "owner",
@@ -106,9 +113,6 @@ class Request(Generic[M]):
         self.children = 0
         """Locks this owner holds on direct children of this resource, the keys of indexes
         on it included (unlock and escalation)."""
-        self.edges: tuple[int, list[Owner]] | None = None
-        """What this waiting request waits for, as the deadlock search last read it: the owners,
-        with the version of the queue they were read at (``_deadlock.py``)."""
         # `failure`, `signal` and `wake` are set by `arm` when the request
         # starts to wait; nothing reads them before that.
         self.failure: BaseException | None
@@ -130,18 +134,19 @@ class Request(Generic[M]):
 
 
 class Queue(Generic[M]):
-    """Granted requests (by owner id) and waiting requests (in grant order) of one resource.
+    """Granted requests (by owner) and waiting requests (in grant order) of one resource.
 
     ``counts[i]`` is how many owners hold the mode with index i, and ``mask``
     has the bit of every mode someone holds, so the arrival check against
     granted locks costs the same for one holder or ten thousand.
 
-    ``version`` moves on with every change to who holds what or who waits
-    where: the deadlock search keeps the edges it read from a queue until
-    then.
+    The deadlock search keeps the edges it reads from a small queue on the
+    waiters' owners (`Owner._waits_for`) and sets `edges_kept`; every change to
+    who holds what or who waits where then clears them all
+    (`forget_edges`), so kept edges are never stale.
     """
 
-    __slots__ = ("counts", "granted", "key", "mask", "version", "waiting")
+    __slots__ = ("counts", "edges_kept", "granted", "key", "mask", "waiting")
 
     table = Table.DATA
     """Which lock table, and which books of an owner, the queue belongs to."""
@@ -150,11 +155,13 @@ class Queue(Generic[M]):
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
-        self.granted: dict[int, Request[M]] = {}
+        self.granted: dict[Owner, Request[M]] = {}
+        """By owner: when every mode held makes a request wait, its holders are the keys, and
+        the deadlock search reads no request to find them."""
         self.waiting: list[Request[M]] = []
         self.counts = [0] * self.width
         self.mask = 0
-        self.version = 0
+        self.edges_kept = False
 
     @property
     def resource(self) -> Hashable:
@@ -214,21 +221,32 @@ class Queue(Generic[M]):
         return False
 
     def enqueue(self, req: Request[M], mode: M) -> None:
+        if self.edges_kept:
+            self.forget_edges()
         self.waiting.insert(self.position_for(req, mode), req)
-        self.version += 1
         req.wanted = mode
         req.since = monotonic()
+        req.owner._waits_for = None  # a wait starts with no edges read
 
     def append_waiting(self, req: Request[M], mode: M) -> None:
         """Queue `req` for `mode` behind every waiter, keeping its `since` (a moved request)."""
+        if self.edges_kept:
+            self.forget_edges()
         self.waiting.append(req)
-        self.version += 1
         req.wanted = mode
+        req.owner._waits_for = None
 
     def set_wanted(self, req: Request[M], mode: M) -> None:
         """Change what a waiting request waits for, in place (a moved request joins another)."""
-        self.version += 1
+        if self.edges_kept:
+            self.forget_edges()
         req.wanted = mode
+
+    def forget_edges(self) -> None:
+        """The queue is about to change: the edges kept from it are stale from now on."""
+        self.edges_kept = False
+        for w in self.waiting:
+            w.owner._waits_for = None
 
     # -- granting and releasing ---------------------------------------------
 
@@ -244,7 +262,8 @@ class Queue(Generic[M]):
 
     def set_granted(self, req: Request[M], mode: M | None) -> None:
         """Make `req` hold `mode` (None: nothing), leaving whatever it waits for as it is."""
-        self.version += 1
+        if self.edges_kept:
+            self.forget_edges()
         old = req.mode
         counts = self.counts
         if old is not None:
@@ -252,17 +271,18 @@ class Queue(Generic[M]):
             if not counts[old.index]:
                 self.mask &= ~old.bit
             if mode is None:
-                del self.granted[req.owner.id]
+                del self.granted[req.owner]
         elif mode is not None:
-            self.granted[req.owner.id] = req
+            self.granted[req.owner] = req
         if mode is not None:
             counts[mode.index] += 1
             self.mask |= mode.bit
         req.mode = mode
 
     def remove_waiting(self, req: Request[M]) -> None:
+        if self.edges_kept:
+            self.forget_edges()
         self.waiting.remove(req)
-        self.version += 1
         req.wanted = None
 
     def grant_waiters(self) -> list[tuple[Request[M], float]]:

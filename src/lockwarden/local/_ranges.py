@@ -388,7 +388,7 @@ def _move(heir: RangeQueue, req: Request[RangeMode], removed: tuple[Any, Any]) -
             assert other.wanted is None, "an owner waits for one request at a time"
             heir.set_granted(other, None)
         survivor = req if held is not None or wanted is not None else None
-        req.queue, req.mode, req.wanted, req.edges = heir, None, None, None
+        req.queue, req.mode, req.wanted = heir, None, None
         heir.set_granted(req, held)
         if wanted is not None:
             heir.append_waiting(req, join(wanted, held))  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ from lockwarden.errors import LockUsageError, NotHeld
 from lockwarden.local._call import Call
 from lockwarden.local._escalation import maybe_escalate
 from lockwarden.local._kinds import DATA, METADATA, RANGE, Step, Table
-from lockwarden.local._queue import Queue, Request
+from lockwarden.local._queue import Owner, Queue, Request
 from lockwarden.local._range_modes import Kind, RangeMode
 from lockwarden.local._ranges import SUPREMUM, Index, insert_steps, scan_steps
 from lockwarden.local._settings import DEFAULT, Timeout
@@ -66,6 +66,8 @@ class Txn:
         "_spare",
         "_undo",
         "_waiting",
+        "_waits_for",
+        "_waits_mark",
         "id",
         "name",
     )
@@ -83,6 +85,8 @@ class Txn:
         self._waiting: Request[Any] | None = None
         self._undo: dict[Request[Any], Any] | None = None
         self._escalate_at: dict[int, int] = {}
+        self._waits_for: tuple[Owner, ...] | None = None
+        self._waits_mark: object = None
         self._hot: Request[Mode] | None = None
         """The parent request of the last two-part resource locked on the uncontended path; its
         mode is None once it is released (as is any request that leaves its queue)."""
@@ -146,11 +150,12 @@ class Txn:
                 ):
                     parent = self._solo_parent(resource, mode)
                 if parent is not None and self._waiting is None:
+                    # `mode` is a Mode here: `_hot_mode` is one, and `_solo_parent` checks.
                     req = self._spare
                     if req is None:
-                        req = Request(self, None, mode, None, parent, stamped=False)
+                        req = Request(self, None, mode, None, parent, stamped=False)  # type: ignore[arg-type]
                     else:
-                        req.mode, req.parent = mode, parent
+                        req.mode, req.parent = mode, parent  # type: ignore[assignment]
                     if mgr._queues.setdefault(resource, req) is req:  # nobody had it
                         self._spare = None
                         self._locks[resource] = req
@@ -158,7 +163,7 @@ class Txn:
                         mgr._grants += 1
                         if parent.children > mgr._escalation_floor:
                             maybe_escalate(mgr, self, parent, resource[:-1])
-                        return mode  # type: ignore[return-value]  # a Mode: `_solo_parent` said so
+                        return mode  # type: ignore[return-value]
             except TypeError:
                 pass  # an unhashable part: the general path says so
             finally:
