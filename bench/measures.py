@@ -15,6 +15,10 @@
 - `throughput`: 4 processes on one lock for a fixed time, with each
   process's share, and (lockwarden) what one acquisition cost: statements
   (each one transaction), attempts and waits.
+- `crowd`: many processes on a few names (lockwarden, durable, on SQLite
+  and PostgreSQL): acquisitions per second, the longest waits and whether
+  every process was served alike, for a store whose cost could grow with the
+  number of waiters.
 - `flatness`: lockwarden's acquire of a fresh name with 0 … 100,000 other
   locks held in its table.
 
@@ -33,12 +37,12 @@ import statistics
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
 from pgwire import Count, RoundTripCounter
-from subjects import ETCD, POSTGRES, Env, Lockwarden, Subject, make
+from subjects import BY_KEY, ETCD, POSTGRES, SQLITE, Env, Lockwarden, Subject, make
 
 perf = time.perf_counter
 
@@ -61,6 +65,11 @@ class Plan:
     a release does not fall at the same point of a polling waiter's cycle every time."""
     throughput_seconds: float = 5.0
     processes: int = 4
+    crowds: dict[str, tuple[int, int]] = field(
+        default_factory=lambda: {SQLITE: (64, 4), POSTGRES: (32, 1)}
+    )
+    """Per backend, the processes and the names they share in `crowd` (each process
+    keeps to one name, the processes spread evenly over the names)."""
     flat_levels: tuple[int, ...] = (0, 10_000, 100_000)
     flat_ops: int = 500
     """At most this many acquires per timed batch (fewer where each is slow)."""
@@ -73,6 +82,7 @@ QUICK = Plan(
     handoff_rounds=20,
     queue_depths=(1, 4),
     throughput_seconds=1.0,
+    crowds={SQLITE: (4, 2), POSTGRES: (4, 1)},
     flat_levels=(0, 1_000, 10_000),
     flat_ops=50,
     counted_pairs=10,
@@ -452,14 +462,14 @@ def throughput(key: str, env: Env, plan: Plan) -> dict[str, Any]:
     """
     counter = mp.get_context("spawn").Value("q", 0, lock=False)
     name = f"{env.run}/throughput"
-    ran: list[tuple[int, dict[str, int]]] = together(
+    ran: list[tuple[int, dict[str, int], list[float]]] = together(
         key,
         env,
         _throughput_worker,
         [{"name": name, "seconds": plan.throughput_seconds, "counter": counter}] * plan.processes,
         timeout=plan.throughput_seconds + 120.0,
     )
-    counts = [done for done, _ in ran]
+    counts = [done for done, _, _ in ran]
     total = sum(counts)
     found: dict[str, Any] = {
         "per_second": total / plan.throughput_seconds,
@@ -470,28 +480,75 @@ def throughput(key: str, env: Env, plan: Plan) -> dict[str, Any]:
         "seconds": plan.throughput_seconds,
     }
     acquisitions = total + plan.processes
-    for field in ran[0][1]:  # per acquisition (and its release)
-        found[f"{field}_per_acquisition"] = sum(c[field] for _, c in ran) / acquisitions
+    for counter_name in ran[0][1]:  # per acquisition (and its release)
+        found[f"{counter_name}_per_acquisition"] = (
+            sum(c[counter_name] for _, c, _ in ran) / acquisitions
+        )
     return found
 
 
 def _throughput_worker(
     subject: Subject, start: Callable[[], float], *, name: str, seconds: float, counter: Any
-) -> tuple[int, dict[str, int]]:
-    """Loop on the lock until the time is up: how many acquisitions, and what they cost
-    by the subject's own counters."""
+) -> tuple[int, dict[str, int], list[float]]:
+    """Loop on the lock until the time is up: how many acquisitions, what they cost by
+    the subject's own counters, and how long each acquire waited (seconds)."""
     deadline = start() + seconds
     before = subject.counters()
     done = 0
+    waits: list[float] = []
     while True:
+        asked_at = perf()
         subject.acquire(name)
         held_at = perf()
         counter.value += 1  # the critical section
         subject.release()
         if held_at >= deadline:
             after = subject.counters()
-            return done, {k: after[k] - before[k] for k in before}
+            return done, {k: after[k] - before[k] for k in before}, waits
+        waits.append(held_at - asked_at)
         done += 1
+
+
+# -- crowd ----------------------------------------------------------------------------------
+
+
+def crowd(key: str, env: Env, plan: Plan) -> dict[str, Any]:
+    """`throughput` with many processes on a few names (`Plan.crowds`).
+
+    Each name has its own unlocked counter, as in `throughput`; ``fair`` is
+    the fewest acquisitions any process made over the most (FIFO serves
+    every waiter of a name in turn, so near 1).
+    """
+    processes, names = plan.crowds[BY_KEY[key].backend]
+    ctx = mp.get_context("spawn")
+    counters = [ctx.Value("q", 0, lock=False) for _ in range(names)]
+    ran: list[tuple[int, dict[str, int], list[float]]] = together(
+        key,
+        env,
+        _throughput_worker,
+        [
+            {
+                "name": f"{env.run}/crowd/{i % names}",
+                "seconds": plan.throughput_seconds,
+                "counter": counters[i % names],
+            }
+            for i in range(processes)
+        ],
+        timeout=plan.throughput_seconds + 300.0,
+    )
+    counts = [done for done, _, _ in ran]
+    total = sum(counts)
+    waits = sorted(w for _, _, each in ran for w in each)
+    return {
+        "processes": processes,
+        "names": names,
+        "per_second": total / plan.throughput_seconds,
+        "median_wait_ms": statistics.median(waits) * 1e3 if waits else None,
+        "p99_wait_ms": waits[int(len(waits) * 0.99)] * 1e3 if waits else None,
+        "max_wait_ms": waits[-1] * 1e3 if waits else None,
+        "fair": min(counts) / max(counts) if max(counts) else None,
+        "exclusive": sum(c.value for c in counters) == total + processes,
+    }
 
 
 # -- flatness ------------------------------------------------------------------------------------
@@ -566,6 +623,9 @@ def applies(measure: str, subject: type[Subject]) -> bool:
         return subject.is_lock
     if measure == "round_trips":
         return subject.backend == POSTGRES
+    if measure == "crowd":
+        durable = issubclass(subject, Lockwarden) and subject.durability == "durable"
+        return durable and subject.backend in (SQLITE, POSTGRES)
     if measure == "flatness":  # one per table: the relaxed subject shares the durable one's
         # (not on etcd: an acquire there reads only its own name's keys, and filling
         # the store with 100,000 locks would take most of a run)

@@ -182,6 +182,44 @@ def markdown(results: Results) -> str:
                 for label, thr in costs.items()
             ],
         )
+    crowds = results.get("crowd", {})
+    if crowds:
+        out += [
+            "",
+            "**Many processes** (lockwarden, durable: each process loops on one of a few "
+            f"names for {meta['plan']['throughput_seconds']:g} s; waits from the call to the "
+            "grant; fair: the fewest acquisitions of any process over the most)",
+            "",
+        ]
+        out += _table(
+            [
+                "backend",
+                "processes",
+                "names",
+                "acquisitions/s",
+                "wait median ms",
+                "wait p99 ms",
+                "wait max ms",
+                "fair",
+                "exclusive",
+                "error",
+            ],
+            [
+                [
+                    BY_KEY[key].backend,
+                    str(found.get("processes", "-")),
+                    str(found.get("names", "-")),
+                    _f(found.get("per_second")),
+                    _f(found.get("median_wait_ms"), 2),
+                    _f(found.get("p99_wait_ms"), 1),
+                    _f(found.get("max_wait_ms"), 1),
+                    _f(found.get("fair"), 2),
+                    {True: "yes", False: "**NO**"}.get(found.get("exclusive"), "-"),
+                    found.get("error", ""),
+                ]
+                for key, found in crowds.items()
+            ],
+        )
     flat = list(_flat_series(results))
     if flat:
         levels = meta["plan"]["flat_levels"]
@@ -302,6 +340,44 @@ def targets(results: Results) -> list[dict[str, str]]:
     )
     per_s = _get(results, "throughput", "lockwarden-pg", "per_second")
     add("PostgreSQL contended (4 processes) >= 1,500 /s", per_s, _f, bool(per_s and per_s >= 1500))
+    sqlite_floor = pair_ratio(results, "lockwarden-sqlite", "sqlite-floor")
+    add(
+        "SQLite pair <= 1.3x the floor",
+        sqlite_floor,
+        _ratio,
+        bool(sqlite_floor and sqlite_floor <= 1.3),
+    )
+    sqlite_hand = _get(results, "handoff", "lockwarden-sqlite", "median_ms")
+    add(
+        "SQLite handoff <= 2 ms",
+        sqlite_hand,
+        lambda v: f"median {v:.2f} ms",
+        bool(sqlite_hand and sqlite_hand <= 2),
+    )
+    sqlite_s = _get(results, "throughput", "lockwarden-sqlite", "per_second")
+    add(
+        "SQLite contended (4 processes) >= 1,000 /s",
+        sqlite_s,
+        _f,
+        bool(sqlite_s and sqlite_s >= 1000),
+    )
+    many = results.get("crowd", {}).get("lockwarden-sqlite", {})
+    if "per_second" in many:
+        add(
+            f"SQLite, {many['processes']} processes on {many['names']} names: >= 300 /s, "
+            "p99 wait <= 1 s, every process served alike (fair >= 0.8)",
+            many["per_second"],
+            lambda v, m=many: f"{v:,.0f} /s, p99 {m['p99_wait_ms']:,.0f} ms, fair {m['fair']:.2f}",
+            many["per_second"] >= 300 and many["p99_wait_ms"] <= 1000 and many["fair"] >= 0.8,
+        )
+    crowd_pg = _get(results, "crowd", "lockwarden-pg", "per_second")
+    add(
+        f"PostgreSQL, {_get(results, 'crowd', 'lockwarden-pg', 'processes')} processes: "
+        "no lower than with 4",
+        crowd_pg,
+        _f,
+        bool(crowd_pg and per_s and crowd_pg >= per_s),
+    )
     for key in ("lockwarden-pg", "lockwarden-sqlite"):
         shares = _get(results, "throughput", key, "shares")
         if shares:

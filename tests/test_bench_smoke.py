@@ -20,7 +20,7 @@ sys.path.insert(0, str(BENCH))
 import measures  # noqa: E402
 import report  # noqa: E402
 import store  # noqa: E402
-from subjects import Env, LockwardenSQLite, make  # noqa: E402
+from subjects import SQLITE, Env, LockwardenSQLite, make  # noqa: E402
 
 TOY = measures.Plan(
     batch_seconds=0.005,
@@ -30,6 +30,7 @@ TOY = measures.Plan(
     settle=(0.001, 0.002),
     throughput_seconds=0.2,
     processes=2,
+    crowds={SQLITE: (3, 2)},
     flat_levels=(0, 10),
     flat_ops=20,
     counted_pairs=2,
@@ -54,6 +55,10 @@ def test_every_measure_runs_on_sqlite(tmp_path: Path) -> None:
     assert results["queued_handoff"]["lockwarden-sqlite"]["ratio"] > 0
     assert results["throughput"]["lockwarden-sqlite"]["exclusive"] is True
     assert results["throughput"]["lockwarden-sqlite"]["attempts_per_acquisition"] >= 1
+    crowd = results["crowd"]["lockwarden-sqlite"]
+    assert (crowd["processes"], crowd["names"], crowd["exclusive"]) == (3, 2, True)
+    assert crowd["per_second"] > 0 and crowd["p99_wait_ms"] >= crowd["median_wait_ms"] > 0
+    assert "**Many processes**" in table
     for holder in ("other", "same"):
         assert results["flatness"]["lockwarden-sqlite"][holder]["10"]["ratio"] > 0
     assert "**lockwarden**" in table
