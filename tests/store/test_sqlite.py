@@ -86,6 +86,36 @@ def test_a_waiter_sleeps_through_other_commits_and_wakes_for_its_name(
         holder.close()
 
 
+def test_a_fought_over_name_goes_straight_to_the_full_attempt(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-statement try (`TAKE_IDLE`) is skipped for a name whose release let someone
+    in or whose attempt was blocked, until the name is found free again."""
+    backend = store._backend
+    tries: list[str] = []
+    real = backend._write_one  # type: ignore[attr-defined]
+
+    def counted(sql: str, params: dict[str, object]) -> object:
+        tries.append(str(params["name"]))
+        return real(sql, params)
+
+    monkeypatch.setattr(backend, "_write_one", counted)
+    with store.session(app_id="a") as a, store.session(app_id="b") as b:
+        first = a.lock("x")
+        waiting = Background(lambda: b.lock("x", timeout=10))
+        wait_for(lambda: store.waiters("x"), what="b to queue")
+        assert tries == ["x", "x"]  # b tried, and found it taken
+        first.release()  # lets b in
+        second = waiting.result()
+        again = Background(lambda: a.lock("x", timeout=10))
+        wait_for(lambda: store.waiters("x"), what="a to queue")
+        assert tries == ["x", "x"]  # no try this time
+        second.release()
+        again.result().release()  # nobody waits now
+        a.lock("x").release()
+        assert tries == ["x", "x", "x"]  # free again: tried first again
+
+
 def test_a_busy_writer_does_not_starve_a_heartbeat(store: Store) -> None:
     """Back-to-back write transactions in one thread; the heartbeat still gets its turn."""
     quiet = store.session(app_id="quiet", ttl=0.6)
