@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -114,6 +116,55 @@ def test_a_fought_over_name_goes_straight_to_the_full_attempt(
         again.result().release()  # nobody waits now
         a.lock("x").release()
         assert tries == ["x", "x", "x"]  # free again: tried first again
+
+
+MADE_DURABLE = "UPDATE lw_meta SET value = value + 1 WHERE key = 'seq'"
+"""`SQLiteBackend._make_durable`'s write, as SQLite's trace shows it."""
+
+
+def test_a_fought_over_attempt_waits_for_the_disk_only_if_it_grants(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An attempt on a name fought over commits without waiting for the disk: it almost
+    always only queues, and a forgotten queue entry is harmless. If it grants after all,
+    a durable write carries the grant to disk before the caller is told."""
+    seen: list[tuple[int, str]] = []  # (connection, statement), as SQLite ran them
+    real = sqlite.sqlite3.connect
+
+    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = real(*args, **kwargs)
+        name = id(conn)
+        conn.set_trace_callback(lambda sql: seen.append((name, sql)))
+        return conn
+
+    def relaxed() -> list[str]:
+        """The statements of the last transaction run with ``synchronous = NORMAL``, and
+        what its connection ran after it."""
+        start = max(i for i, (_, sql) in enumerate(seen) if sql == "PRAGMA synchronous = NORMAL")
+        conn = seen[start][0]
+        return [sql for c, sql in seen[start:] if c == conn]
+
+    monkeypatch.setattr(sqlite.sqlite3, "connect", traced)
+    with connect(url) as store, store.session(app_id="a") as a, store.session(app_id="b") as b:
+        backend = store._backend
+        held = b.lock("x")
+        backend._contended.add("x")  # type: ignore[attr-defined]
+        waiting = Background(lambda: a.lock("x", timeout=10))
+        wait_for(lambda: store.waiters("x"), what="a to queue")
+        queued = relaxed()
+        end = queued.index("PRAGMA synchronous = FULL")
+        assert any("INSERT INTO lw_waiters" in sql for sql in queued[:end])
+        assert MADE_DURABLE not in (sql for _, sql in seen)
+        held.release()
+        waiting.result().release()
+
+        backend._contended.add("x")  # type: ignore[attr-defined]
+        a.lock("x").release()  # free after all: granted by the relaxed attempt
+        granted = relaxed()
+        end = granted.index("PRAGMA synchronous = FULL")
+        assert any("INSERT INTO lw_holders" in sql for sql in granted[:end])
+        last = max(i for i, (_, sql) in enumerate(seen) if sql == "PRAGMA synchronous = NORMAL")
+        assert MADE_DURABLE in (sql for _, sql in seen[last:])  # after the relaxed commit
 
 
 def test_a_busy_writer_does_not_starve_a_heartbeat(store: Store) -> None:
