@@ -314,12 +314,15 @@ class SQLiteBackend(SQLBackend):
         return self._run(lambda conn: self._execute(conn, sql, params))
 
     def change(self, statements: Sequence[str], params: Params) -> list[list[str | None]]:
+        touched: set[str] = set()
+
         def work(run: Run) -> tuple[list[list[str | None]], list[Told]]:
             found = [[row["name"] for row in run(sql, params)] for sql in statements]
-            return found, _look_again(run, {n for names in found for n in names if n is not None})
+            touched.update(n for names in found for n in names if n is not None)
+            return found, self._look_again(run, touched)
 
         found, told = self._in_transaction(work)
-        self.wakeups.wake({name for names in found for name in names if name is not None})
+        self.wakeups.wake(touched)
         self._poke(told)
         return found
 
@@ -354,7 +357,7 @@ class SQLiteBackend(SQLBackend):
             def work(run: Run) -> tuple[Attempt, list[Told]]:
                 made = attempt(run, request, woken, _ENGINE)
                 assert made is not None  # allowed to write, every path ends in an Attempt
-                return made, _look_again(run, woken, but=request.request_id)
+                return made, self._look_again(run, woken)
 
             # A name fought over is almost always found taken: the attempt only
             # queues, and a queue entry a crash forgets is harmless (design note,
@@ -387,6 +390,23 @@ class SQLiteBackend(SQLBackend):
         self._note_contended(names, bool(told))
         self._poke(told)  # after the commit: a woken waiter holds its grant
         return deleted
+
+    def _look_again(self, run: Run, names: set[str]) -> list[Told]:
+        """The requests of other stores queued on ``names``, each to be poked to attempt
+        again: what a change other than a release freed there (a dead holder reclaimed, a
+        refused request's queue entries, a closed session's locks, an administrator's
+        override), each waiter judges for itself, as it would when the poller woke it.
+        This store's own waiters are woken by name (`Wakeups.wake`), the requester among
+        them already looking."""
+        if not names:
+            return []
+        rows = run(queries.GRANT_CANDIDATES, {"names": sorted(names)})
+        tag = self._tag
+        return [
+            (r["request_id"], r["session_id"], None)
+            for r in rows
+            if not r["session_id"].endswith(tag)
+        ]
 
     def _note_contended(self, names: Sequence[str], contended: bool) -> None:
         """Remember whether ``names`` are fought over, as an acquire or a release just saw.
@@ -489,17 +509,6 @@ class SQLiteBackend(SQLBackend):
         for sock in (*self._kicks, self._outbox, self._inbox):
             if sock is not None:
                 sock.close()
-
-
-def _look_again(run: Run, names: set[str], but: str = "") -> list[Told]:
-    """The requests queued on ``names`` (but request ``but``), each to be told to attempt
-    again: what a change other than a release freed there (a dead holder reclaimed, a
-    refused request's queue entries, a closed session's locks, an administrator's
-    override), each waiter judges for itself, as it would when the poller woke it."""
-    if not names:
-        return []
-    rows = run(queries.GRANT_CANDIDATES, {"names": sorted(names)})
-    return [(r["request_id"], r["session_id"], None) for r in rows if r["request_id"] != but]
 
 
 def _inbox_address(tag: str) -> bytes | None:
