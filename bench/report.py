@@ -302,26 +302,31 @@ def targets(results: Results) -> list[dict[str, str]]:
         if value is not None:
             found.append({"target": target, "measured": show(value), "verdict": _verdict(ok)})
 
+    def at_most(target: str, ratio: float | None, bound: float) -> None:
+        add(target, ratio, _ratio, ratio is not None and ratio <= bound)
+
+    def at_least(target: str, per_second: float | None, bound: float) -> None:
+        add(target, per_second, _f, per_second is not None and per_second >= bound)
+
     for call in ("acquire", "release"):
         trips = _get(results, "round_trips", "lockwarden-pg", f"{call}_round_trips")
         add(f"{call} = 1 round trip", trips, lambda v: f"{v:g}", trips == 1)
-    adv = pair_ratio(results, "lockwarden-pg", "pg-advisory")
-    add("PostgreSQL pair <= 2x advisory-lock pair", adv, _ratio, bool(adv and adv <= 2))
-    relaxed = pair_ratio(results, "lockwarden-pg-relaxed", "pg-advisory")
-    add(
+    at_most(
+        "PostgreSQL pair <= 2x advisory-lock pair",
+        pair_ratio(results, "lockwarden-pg", "pg-advisory"),
+        2,
+    )
+    at_most(
         '… with durability="relaxed" (opt-in)',
-        relaxed,
-        _ratio,
-        bool(relaxed and relaxed <= 2),
+        pair_ratio(results, "lockwarden-pg-relaxed", "pg-advisory"),
+        2,
     )
     tooz = pair_ratio(results, "lockwarden-pg", "tooz-pg")
     add("PostgreSQL pair faster than tooz", tooz, _ratio, bool(tooz and tooz < 1))
-    floor = pair_ratio(results, "lockwarden-pg", "pg-floor")
-    add(
+    at_most(
         "(relaxed aim) PostgreSQL pair <= 1.25x the floor",
-        floor,
-        _ratio,
-        bool(floor and floor <= 1.25),
+        pair_ratio(results, "lockwarden-pg", "pg-floor"),
+        1.25,
     )
     hand = _get(results, "handoff", "lockwarden-pg", "median_ms")
     p99 = _get(results, "handoff", "lockwarden-pg", "p99_ms")
@@ -331,21 +336,17 @@ def targets(results: Results) -> list[dict[str, str]]:
         lambda v: f"median {v:.2f} ms, p99 {p99:.2f} ms",
         bool(hand and hand < 5),
     )
-    q16 = _get(results, "queued_handoff", "lockwarden-pg", "ratio")
-    add(
+    at_most(
         "PostgreSQL handoff with 16 queued <= 1.2x with 1 queued",
-        q16,
-        _ratio,
-        bool(q16 and q16 <= 1.2),
+        _get(results, "queued_handoff", "lockwarden-pg", "ratio"),
+        1.2,
     )
     per_s = _get(results, "throughput", "lockwarden-pg", "per_second")
-    add("PostgreSQL contended (4 processes) >= 1,500 /s", per_s, _f, bool(per_s and per_s >= 1500))
-    sqlite_floor = pair_ratio(results, "lockwarden-sqlite", "sqlite-floor")
-    add(
+    at_least("PostgreSQL contended (4 processes) >= 1,500 /s", per_s, 1500)
+    at_most(
         "SQLite pair <= 1.3x the floor",
-        sqlite_floor,
-        _ratio,
-        bool(sqlite_floor and sqlite_floor <= 1.3),
+        pair_ratio(results, "lockwarden-sqlite", "sqlite-floor"),
+        1.3,
     )
     sqlite_hand = _get(results, "handoff", "lockwarden-sqlite", "median_ms")
     add(
@@ -354,12 +355,10 @@ def targets(results: Results) -> list[dict[str, str]]:
         lambda v: f"median {v:.2f} ms",
         bool(sqlite_hand and sqlite_hand <= 2),
     )
-    sqlite_s = _get(results, "throughput", "lockwarden-sqlite", "per_second")
-    add(
+    at_least(
         "SQLite contended (4 processes) >= 1,000 /s",
-        sqlite_s,
-        _f,
-        bool(sqlite_s and sqlite_s >= 1000),
+        _get(results, "throughput", "lockwarden-sqlite", "per_second"),
+        1000,
     )
     many = results.get("crowd", {}).get("lockwarden-sqlite", {})
     if "per_second" in many:
@@ -370,14 +369,13 @@ def targets(results: Results) -> list[dict[str, str]]:
             lambda v, m=many: f"{v:,.0f} /s, p99 {m['p99_wait_ms']:,.0f} ms, fair {m['fair']:.2f}",
             many["per_second"] >= 300 and many["p99_wait_ms"] <= 1000 and many["fair"] >= 0.8,
         )
-    crowd_pg = _get(results, "crowd", "lockwarden-pg", "per_second")
-    add(
-        f"PostgreSQL, {_get(results, 'crowd', 'lockwarden-pg', 'processes')} processes: "
-        "no lower than with 4",
-        crowd_pg,
-        _f,
-        bool(crowd_pg and per_s and crowd_pg >= per_s),
-    )
+    if per_s is not None:
+        at_least(
+            f"PostgreSQL, {_get(results, 'crowd', 'lockwarden-pg', 'processes')} processes: "
+            "no lower than with 4",
+            _get(results, "crowd", "lockwarden-pg", "per_second"),
+            per_s,
+        )
     for key in ("lockwarden-pg", "lockwarden-sqlite"):
         shares = _get(results, "throughput", key, "shares")
         if shares:
