@@ -81,3 +81,22 @@ def test_run_on_the_default_store_imports_none_of_the_slow_modules(tmp_path: Pat
     modules = imported(tmp_path, "run", "x", "--", "true")  # the state directory's store
     assert (tmp_path / "lockwarden" / "locks.db").exists()  # the probe used it
     assert not modules.intersection(SLOW)
+
+
+def test_the_quick_exit_runs_the_exit_handlers_and_flushes_what_was_printed(
+    tmp_path: Path,
+) -> None:
+    """`executable` skips the interpreter's teardown, not what an exit must do."""
+    script = (
+        "import atexit, sys\n"
+        "from lockwarden.cli.main import executable\n"
+        "atexit.register(lambda: print('handler ran'))\n"
+        "print('buffered', end=' ')\n"
+        f"sys.argv = ['lockwarden', '--db', 'sqlite:///{tmp_path}/locks.db', 'run', 'x', '--',"
+        " 'sh', '-c', 'exit 3']\n"
+        "executable()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (done.returncode, done.stdout) == (3, "buffered handler ran\n")
