@@ -18,7 +18,7 @@ from chaos.etcd_cluster import EtcdCluster
 from chaos.run import MYSQL_DEFAULT, PG_DEFAULT, drop, run, store_url
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m chaos",
         description="Run lock workers against a store under injected faults, then check them.",
@@ -30,6 +30,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--names", type=int, default=4, help="lock names (and registers)")
     parser.add_argument("--ttl", type=float, default=2.0, help="the workers' session TTL")
     parser.add_argument("--fault-every", type=float, default=3.0, help="mean seconds")
+    parser.add_argument(
+        "--hold", type=float, default=0.25, help="longest sleep while holding, in TTLs"
+    )
+    parser.add_argument(
+        "--think", type=float, default=0.05, help="longest pause between operations, seconds"
+    )
     parser.add_argument(
         "--no-fencing", action="store_true", help="control run: registers without tokens"
     )
@@ -60,9 +66,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--history", type=Path, required=True, help="JSON lines written here")
     parser.add_argument("--summary", type=Path, help="default: HISTORY.summary.json")
     parser.add_argument("--keep", action="store_true", help="keep the PostgreSQL schema")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.names < 2 or args.workers < 1:
         parser.error("a run needs at least one worker and two names (multi-locks take two)")
+    if args.hold < 0 or args.think < 0:
+        parser.error("--hold and --think are sleeps: give 0 or more")
     if args.backend == "etcd" and (args.no_fencing or args.allow_restart):
         parser.error("--no-fencing and --allow-restart are for the SQL backends")
     if args.backend == "mysql" and args.no_fencing:
@@ -103,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             clock_steps=args.clock_steps,
             durability=args.durability,
             fault_every=args.fault_every,
+            hold=args.hold,
+            think=args.think,
         )
         try:
             run(config, args.history.with_suffix(".log"), members)

@@ -617,6 +617,9 @@ def summarize(h: History) -> dict[str, Any]:
                 "crash",
                 "durability",
                 "clock_steps",
+                "fault_every",
+                "hold",
+                "think",
                 "run_id",
             )
         },

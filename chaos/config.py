@@ -44,6 +44,12 @@ class Config:
     and releases in a crash, the case `crash` tests."""
     fault_every: float = 3.0
     """Mean seconds between the nemesis's faults."""
+    hold: float = 0.25
+    """The longest sleep inside a critical section, in TTLs (half the operations sleep):
+    the window where a pause makes a holder outlive its lease. Shorter makes more
+    operations per second, for a run that must count many."""
+    think: float = 0.05
+    """The longest pause, in seconds, between one worker's operations."""
 
     @property
     def app_id(self) -> str:

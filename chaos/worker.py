@@ -47,9 +47,9 @@ sometimes behind a crowd (failed acquires are operations worth checking too)."""
 MULTI_LOCK, READ_MODE = 0.2, 0.35
 """Chance that an operation takes two names at once, and that a name is taken for reading."""
 
-SLEEP_INSIDE, SLEEP_LONGEST = 0.5, 0.25
-"""Chance of sleeping inside the critical section, between the reads and the writes, and the
-longest sleep in TTLs: the window where a pause makes a holder outlive its lease."""
+SLEEP_INSIDE = 0.5
+"""Chance of sleeping inside the critical section, between the reads and the writes (for at
+most `Config.hold` TTLs): the window where a pause makes a holder outlive its lease."""
 
 RECONNECT_PAUSE = 0.5
 """Seconds between attempts to reach the database while it is down (a restart)."""
@@ -211,7 +211,7 @@ class Worker:
         self.board.set(self.slot, Board.IDLE)
         if session.lost:
             raise Retire("the session was lost")
-        time.sleep(self.rng.uniform(0, 0.05))
+        time.sleep(self.rng.uniform(0, self.config.think))
 
     def _critical_section(self, client: Client, stamp: Stamp, items: list[tuple[str, str]]) -> None:
         """Read every register, maybe sleep, then write (write locks) or read again (read locks).
@@ -224,7 +224,7 @@ class Worker:
             values = {name: self._read(client, name, tokens[name]) for name, _ in items}
             self.board.set(self.slot, Board.MIDWAY)
             if self.rng.random() < SLEEP_INSIDE:
-                time.sleep(self.rng.uniform(0, SLEEP_LONGEST * self.config.ttl))
+                time.sleep(self.rng.uniform(0, self.config.hold * self.config.ttl))
             for name, mode in items:
                 if mode == "write":
                     value = values[name] + 1
