@@ -86,7 +86,6 @@ def test_check_schema_says_what_an_upgrade_would_do_and_does_nothing(
     url: str, connect: Callable[..., Store]
 ) -> None:
     store = connect()
-    store._backend.query("DROP INDEX {p}lw_holders_request", write=True)
     store._backend.query(schema.WRITE_VERSION, {"version": 2}, write=True)
     plan = check_schema(url)
     assert (plan.found, plan.refusal) == (2, None)
@@ -154,3 +153,46 @@ def test_version_7_starts_the_reclaim_count_at_0_and_can_run_again(
         with lockwarden.connect(url) as again:
             assert again.reclaimed_count() == 2
             assert again._backend.query(schema.READ_VERSION) == [{"value": schema.SCHEMA_VERSION}]
+
+
+_INDEXES = {
+    "sqlite": "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'lw_holders'"
+    " AND name NOT LIKE 'sqlite_autoindex%'",
+    "postgres": "SELECT indexname AS name FROM pg_indexes WHERE schemaname = :schema"
+    " AND tablename = 'lw_holders' AND indexname <> 'lw_holders_pkey'",
+    "mysql": "SELECT DISTINCT index_name AS name FROM information_schema.statistics"
+    " WHERE table_schema = DATABASE() AND table_name = 'lw_holders' AND index_name <> 'PRIMARY'",
+}
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres", "mysql"])
+def test_version_8_keeps_the_locks_and_one_index_and_can_run_again(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    """The upgrade rebuilds SQLite's table and drops two indexes for one: the locks held
+    stay held, release normally, and tokens go on growing (SQLite's counter trigger is
+    made again with the table)."""
+    url = request.getfixturevalue(URLS[backend])
+    with lockwarden.connect(url) as store, store.session(app_id="kept") as s:
+        held = [s.lock("kept"), s.lock("also", "read")]
+        for shape in (
+            "CREATE INDEX lw_holders_session ON {p}lw_holders (session_id)",
+            "CREATE INDEX lw_holders_request ON {p}lw_holders (request_id, session_id)",
+        ):
+            store._backend.query(shape, write=True)
+        for _ in range(2):  # and again, as after an upgrade cut short
+            store._backend.query(schema.WRITE_VERSION, {"version": 7}, write=True)
+            with lockwarden.connect(url) as upgraded:
+                assert sorted(e.token for e in upgraded.locks()) == sorted(h.token for h in held)
+                indexes = upgraded._backend.query(
+                    _INDEXES[backend], {"schema": getattr(upgraded._backend.url, "schema", None)}
+                )
+                assert [r["name"].lower() for r in indexes] == ["lw_holders_owner"]
+                assert upgraded._backend.query(schema.READ_VERSION) == [
+                    {"value": schema.SCHEMA_VERSION}
+                ]
+        later = s.lock("later")
+        assert later.token > max(h.token for h in held)
+        for h in [*held, later]:
+            h.release()
+        assert store.locks() == []

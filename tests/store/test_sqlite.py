@@ -187,14 +187,28 @@ def test_a_busy_writer_does_not_starve_a_heartbeat(store: Store) -> None:
 
 
 @pytest.mark.parametrize("statement", ["ACQUIRE_STATE", "GRANTED", "CHECK", "RELEASE"])
-def test_a_request_is_found_through_its_own_index(store: Store, statement: str) -> None:
-    """Not through lw_holders_session: that walked every lock the session holds, so acquire
-    and release slowed with each lock a session took (found by bench/store.py)."""
+def test_a_request_is_found_through_its_session_and_request(store: Store, statement: str) -> None:
+    """By both ids, not by the session alone: that walked every lock the session holds, so
+    acquire and release slowed with each lock a session took (found by bench/store.py)."""
     params = {"session": "s", "request": "r", "names": ["a"], "modes": ["X"]}
     plan = store._backend.query("EXPLAIN QUERY PLAN " + getattr(queries, statement), params)
     details = " / ".join(row["detail"] for row in plan)
-    assert "lw_holders_request" in details
-    assert "lw_holders_session" not in details
+    assert "lw_holders_owner (session_id=? AND request_id=?" in details
+    assert "SCAN lw_holders" not in details
+
+
+def test_the_holders_table_has_no_rowid_and_one_index_beside_its_key(store: Store) -> None:
+    """Each b-tree of lw_holders is written by every grant and every release (version 8)."""
+    shapes = store._backend.query(
+        "SELECT type, name, sql FROM sqlite_master WHERE tbl_name = 'lw_holders'"
+    )
+    assert {(r["type"], r["name"]) for r in shapes} == {
+        ("table", "lw_holders"),
+        ("index", "lw_holders_owner"),
+        ("trigger", "lw_holders_token"),
+    }
+    [table] = [r["sql"] for r in shapes if r["type"] == "table"]
+    assert table.rstrip().endswith("WITHOUT ROWID")
 
 
 def test_twenty_thousand_names_lock_and_release(store: Store) -> None:

@@ -105,6 +105,8 @@ _RULES: Final[tuple[tuple[re.Pattern[str], str], ...]] = tuple(
         (r"\bTEXT\b(?=[\s,)])", "VARCHAR(512)"),
         (r"^\s*CREATE TABLE (?:IF NOT EXISTS )?(.*)\)\s*$", r"CREATE TABLE IF NOT EXISTS \1)"),
         (r"^\s*CREATE INDEX (?:IF NOT EXISTS )?", "CREATE INDEX IF NOT EXISTS "),
+        # MySQL names the table of the index dropped; ours are named after it.
+        (r"^(\s*DROP INDEX IF EXISTS ((lw_[a-z]+)_\w+))\s*$", r"\1 ON \3"),
         (r"\bADD COLUMN (?!IF NOT EXISTS)", "ADD COLUMN IF NOT EXISTS "),
     )
 )

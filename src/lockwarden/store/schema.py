@@ -23,13 +23,31 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, NamedTuple
 
-SCHEMA_VERSION: Final = 7
+SCHEMA_VERSION: Final = 8
 
 BOOTSTRAP: Final = """CREATE TABLE IF NOT EXISTS {p}lw_meta (
     key TEXT PRIMARY KEY,
     value BIGINT NOT NULL
 )"""
 """The one table that exists before any version: it records the version."""
+
+HOLDERS: Final = """CREATE TABLE {p}lw_holders (
+        request_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        mode TEXT NOT NULL CHECK (mode IN ('S', 'X')),
+        session_id TEXT NOT NULL,
+        token BIGINT NOT NULL,
+        granted_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (name, request_id)
+    )"""
+"""The held locks: every grant inserts a row and every release deletes it, so each index
+on it is written twice per lock (SQLite rebuilds it without a rowid: `sqlite.py`)."""
+
+HOLDERS_OWNER: Final = (
+    "CREATE INDEX IF NOT EXISTS lw_holders_owner ON {p}lw_holders (session_id, request_id)"
+)
+"""Since version 8 the one index of lw_holders beside its key: a session's locks, and a
+request's (every lookup by request names its session too)."""
 
 _TABLES: Final = (
     """CREATE TABLE {p}lw_sessions (
@@ -43,15 +61,7 @@ _TABLES: Final = (
         expired BOOLEAN NOT NULL DEFAULT FALSE
     )""",
     "CREATE INDEX lw_sessions_app ON {p}lw_sessions (app_id)",
-    """CREATE TABLE {p}lw_holders (
-        request_id TEXT NOT NULL,
-        name TEXT NOT NULL,
-        mode TEXT NOT NULL CHECK (mode IN ('S', 'X')),
-        session_id TEXT NOT NULL,
-        token BIGINT NOT NULL,
-        granted_at DOUBLE PRECISION NOT NULL,
-        PRIMARY KEY (name, request_id)
-    )""",
+    HOLDERS,
     "CREATE INDEX lw_holders_session ON {p}lw_holders (session_id)",
     """CREATE TABLE {p}lw_waiters (
         request_id TEXT NOT NULL,
@@ -78,7 +88,7 @@ _TABLES: Final = (
     )""",
 )
 
-COMPATIBLE_FROM: Final[Mapping[int, int]] = {1: 1, 2: 2, 3: 2, 4: 2, 6: 5, 7: 5}
+COMPATIBLE_FROM: Final[Mapping[int, int]] = {1: 1, 2: 2, 3: 2, 4: 2, 6: 5, 7: 5, 8: 5}
 """For each version, the oldest version whose clients can use a store at it safely.
 
 A version left out counts as usable by no older client (the safe default).
@@ -150,6 +160,14 @@ _STEPS: Final[dict[int, Sequence[str]]] = {
         # so that it can run again: MySQL commits each step's statements as they go.
         "INSERT INTO {p}lw_meta (key, value) SELECT 'reclaimed', 0"
         " WHERE NOT EXISTS (SELECT 1 FROM {p}lw_meta WHERE key = 'reclaimed')",
+    ),
+    8: (
+        # One index where there were two (by session; by request and session): a grant
+        # and a release each write one index fewer. Older clients only lose the
+        # indexes' speed, never a result. Written so that it can run again (MySQL).
+        HOLDERS_OWNER,
+        "DROP INDEX IF EXISTS {p}lw_holders_session",
+        "DROP INDEX IF EXISTS {p}lw_holders_request",
     ),
 }
 

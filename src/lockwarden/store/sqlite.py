@@ -31,7 +31,7 @@ from contextlib import nullcontext, suppress
 from typing import Any, TypeVar
 
 from lockwarden.errors import StoreError
-from lockwarden.store import queries
+from lockwarden.store import queries, schema
 from lockwarden.store.attempt import Engine, Told, attempt, grant
 from lockwarden.store.backend import (
     TAG_LENGTH,
@@ -62,16 +62,30 @@ Every change that may let a waiter in pokes it (a release, a reclaim, a refusal,
 closed session, an administrator's override), so a change seen by the poller only
 matters if a poke was lost: it is answered at most this often, never dropped."""
 
+_TOKEN_TRIGGER = (
+    "CREATE TRIGGER IF NOT EXISTS lw_holders_token AFTER INSERT ON lw_holders BEGIN"
+    " UPDATE lw_meta SET value = NEW.token WHERE key = 'token' AND value < NEW.token;"
+    " END"
+)
+"""A grant takes its token from the counter (`queries.SQLITE`), and this moves the
+counter up to it in the same statement: an uncontended acquire is one INSERT. A
+token is the counter plus its row number, the counter never goes down, so tokens
+strictly increase, whether SQLite reads the counter once per statement or per row."""
+
 _STEPS = {
     1: ["INSERT INTO lw_meta (key, value) VALUES ('token', 0), ('seq', 0)"],
-    # A grant takes its token from the counter (`queries.SQLITE`), and this moves the
-    # counter up to it in the same statement: an uncontended acquire is one INSERT. A
-    # token is the counter plus its row number, the counter never goes down, so tokens
-    # strictly increase, whether SQLite reads the counter once per statement or per row.
-    5: [
-        "CREATE TRIGGER IF NOT EXISTS lw_holders_token AFTER INSERT ON lw_holders BEGIN"
-        " UPDATE lw_meta SET value = NEW.token WHERE key = 'token' AND value < NEW.token;"
-        " END"
+    5: [_TOKEN_TRIGGER],
+    # lw_holders without a rowid: its key is the table, one b-tree fewer to write per
+    # grant and per release. SQLite changes that only by building the table again;
+    # dropping the old one drops its index and trigger, made again on the new one.
+    8: [
+        schema.HOLDERS.replace("{p}lw_holders", "lw_holders_v8") + " WITHOUT ROWID",
+        "INSERT INTO lw_holders_v8 (request_id, name, mode, session_id, token, granted_at)"
+        " SELECT request_id, name, mode, session_id, token, granted_at FROM lw_holders",
+        "DROP TABLE lw_holders",
+        "ALTER TABLE lw_holders_v8 RENAME TO lw_holders",
+        schema.HOLDERS_OWNER,
+        _TOKEN_TRIGGER,
     ],
 }
 
