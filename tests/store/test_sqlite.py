@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from lockwarden import LockLost
 from lockwarden.modes import Mode
 from lockwarden.store import Store, connect, queries, sqlite
 from tests.conftest import Background, Child, wait_for
@@ -98,7 +99,8 @@ def test_a_fought_over_name_goes_straight_to_the_full_attempt(
     real = backend._write_one  # type: ignore[attr-defined]
 
     def counted(sql: str, params: dict[str, object]) -> object:
-        tries.append(str(params["name"]))
+        if sql == sqlite._TAKE_IDLE:
+            tries.append(str(params["name"]))
         return real(sql, params)
 
     monkeypatch.setattr(backend, "_write_one", counted)
@@ -118,6 +120,21 @@ def test_a_fought_over_name_goes_straight_to_the_full_attempt(
         assert tries == ["x", "x", "x"]  # free again: tried first again
 
 
+def _trace(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
+    """Every statement the stores opened from now on run: (connection, statement)."""
+    seen: list[tuple[int, str]] = []
+    real = sqlite.sqlite3.connect
+
+    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = real(*args, **kwargs)
+        name = id(conn)
+        conn.set_trace_callback(lambda sql: seen.append((name, sql)))
+        return conn
+
+    monkeypatch.setattr(sqlite.sqlite3, "connect", traced)
+    return seen
+
+
 MADE_DURABLE = "UPDATE lw_meta SET value = value + 1 WHERE key = 'seq'"
 """`SQLiteBackend._make_durable`'s write, as SQLite's trace shows it."""
 
@@ -128,14 +145,7 @@ def test_a_fought_over_attempt_waits_for_the_disk_only_if_it_grants(
     """An attempt on a name fought over commits without waiting for the disk: it almost
     always only queues, and a forgotten queue entry is harmless. If it grants after all,
     a durable write carries the grant to disk before the caller is told."""
-    seen: list[tuple[int, str]] = []  # (connection, statement), as SQLite ran them
-    real = sqlite.sqlite3.connect
-
-    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
-        conn = real(*args, **kwargs)
-        name = id(conn)
-        conn.set_trace_callback(lambda sql: seen.append((name, sql)))
-        return conn
+    seen = _trace(monkeypatch)
 
     def relaxed() -> list[str]:
         """The statements of the last transaction run with ``synchronous = NORMAL``, and
@@ -144,7 +154,6 @@ def test_a_fought_over_attempt_waits_for_the_disk_only_if_it_grants(
         conn = seen[start][0]
         return [sql for c, sql in seen[start:] if c == conn]
 
-    monkeypatch.setattr(sqlite.sqlite3, "connect", traced)
     with connect(url) as store, store.session(app_id="a") as a, store.session(app_id="b") as b:
         backend = store._backend
         held = b.lock("x")
@@ -249,3 +258,28 @@ def test_a_free_name_is_taken_by_one_statement_and_tokens_keep_growing(store: St
         assert len(set(many.tokens.values())) == 3
         many.release()
         assert s.lock("solo").token > max(many.tokens.values())  # never reused once released
+
+
+def test_a_release_nobody_waits_for_is_one_statement_and_one_with_waiters_grants(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_RELEASE_IDLE` deletes only where nobody waits, as a transaction of its own;
+    otherwise the full release decides, granting the waiter, or saying the lock was lost."""
+    seen = _trace(monkeypatch)
+    with connect(url) as store, store.session(app_id="a") as a, store.session(app_id="b") as b:
+        held = a.lock("r")
+        start = len(seen)
+        held.release()
+        [ran] = [sql for _, sql in seen[start:]]  # no BEGIN, no COMMIT: one statement
+        assert ran.lstrip().startswith("DELETE FROM lw_holders") and "lw_waiters" in ran
+        held = a.lock("r")
+        waiting = Background(lambda: b.lock("r", timeout=10))
+        wait_for(lambda: store.waiters("r"), what="b to queue")
+        store._backend._contended.clear()  # type: ignore[attr-defined]  # as if seen first here
+        held.release()
+        granted = waiting.result()
+        assert [e.token for e in store.locks("r")] == [granted.token] and granted.token > held.token
+        store.break_lock("r")
+        with pytest.raises(LockLost):
+            granted.release()
+        assert store.locks("r") == [] and store.waiters("r") == []

@@ -105,6 +105,15 @@ _RELEASE = (
 """`queries.RELEASE`, saying also whether anyone waits for each name: a release nobody
 waits for is one statement."""
 
+_RELEASE_IDLE = queries.SQLITE.render(
+    queries.RELEASE.replace(
+        "RETURNING",
+        "AND NOT EXISTS (SELECT 1 FROM lw_waiters AS w WHERE w.name = lw_holders.name)\nRETURNING",
+    )
+)
+"""The release of one name nobody waits for, as one statement in its own transaction: no
+row if anyone waits (or the lock was lost), and `_RELEASE`'s transaction decides."""
+
 _RESERVE = (
     "UPDATE lw_meta SET value = value + :n WHERE key = :key RETURNING value - :n + 1 AS first"
 )
@@ -389,6 +398,13 @@ class SQLiteBackend(SQLBackend):
 
     def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
         params = {"session": session_id, "request": request_id, "names": names}
+        # As `TAKE_IDLE` for an acquire: one statement where nobody waits.
+        if (
+            len(names) == 1
+            and names[0] not in self._contended
+            and self._write_one(_RELEASE_IDLE, {**params, "names": json.dumps(names)})
+        ):
+            return 1
 
         def work(run: Run) -> tuple[int, list[Told]]:
             gone = run(_RELEASE, params)
