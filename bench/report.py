@@ -330,11 +330,16 @@ def targets(results: Results) -> list[dict[str, str]]:
     )
     hand = _get(results, "handoff", "lockwarden-pg", "median_ms")
     p99 = _get(results, "handoff", "lockwarden-pg", "p99_ms")
+    advisory = _get(results, "handoff", "pg-advisory", "median_ms")
     add(
-        "handoff on PostgreSQL < 5 ms",
+        "PostgreSQL handoff: median <= 1.0 ms and <= 1.3x the advisory lock's, p99 <= 3 ms",
         hand,
-        lambda v: f"median {v:.2f} ms, p99 {p99:.2f} ms",
-        bool(hand and hand < 5),
+        lambda v: (
+            f"median {v:.2f} ms ({v / advisory:.2f}x), p99 {p99:.2f} ms"
+            if advisory
+            else f"median {v:.2f} ms, p99 {p99:.2f} ms"
+        ),
+        bool(hand and advisory and hand <= 1.0 and hand <= 1.3 * advisory and p99 <= 3),
     )
     at_most(
         "PostgreSQL handoff with 16 queued <= 1.2x with 1 queued",

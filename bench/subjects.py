@@ -327,6 +327,79 @@ class PostgresAdvisory(Psycopg):
         self.conn.execute("SELECT pg_advisory_unlock(%s)", (self._key,))
 
 
+class PostgresHandoffFloor(Psycopg):
+    key = "pg-handoff-floor"
+    label = "floor: durable grant on release"
+    backend = POSTGRES
+    is_floor = True
+    config = (
+        "psycopg 3, the least a durable lock that grants on release must do: a queue table "
+        "and two PL/pgSQL functions, each one durable transaction under the name's advisory "
+        "lock. `take` queues and says whether it is first (committing without waiting for "
+        "the disk if it is not: only a grant must be durable); `give` deletes its row and "
+        "notifies the next in line, who LISTENs on a connection of its own, in the "
+        "waiting thread, and holds the lock when the notification comes"
+    )
+
+    _SETUP = (
+        "CREATE TABLE IF NOT EXISTS {s}.handoff_floor"
+        " (name text, id text, seq bigserial, PRIMARY KEY (name, id))",
+        "CREATE INDEX IF NOT EXISTS handoff_floor_line ON {s}.handoff_floor (name, seq)",
+        """CREATE OR REPLACE FUNCTION {s}.handoff_take(n text, me text) RETURNS boolean
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM pg_advisory_xact_lock(hashtext(n));
+            INSERT INTO {s}.handoff_floor (name, id) VALUES (n, me);
+            IF (SELECT id FROM {s}.handoff_floor WHERE name = n ORDER BY seq LIMIT 1) = me THEN
+                RETURN true;
+            END IF;
+            PERFORM set_config('synchronous_commit', 'off', true);  -- only queued
+            RETURN false;
+        END $$""",
+        """CREATE OR REPLACE FUNCTION {s}.handoff_give(n text, me text) RETURNS void
+        LANGUAGE plpgsql AS $$
+        DECLARE next_id text;
+        BEGIN
+            PERFORM pg_advisory_xact_lock(hashtext(n));
+            DELETE FROM {s}.handoff_floor WHERE name = n AND id = me;
+            SELECT id INTO next_id FROM {s}.handoff_floor WHERE name = n ORDER BY seq LIMIT 1;
+            IF next_id IS NOT NULL THEN
+                PERFORM pg_notify('handoff_' || next_id, '');
+            END IF;
+        END $$""",
+    )
+
+    def setup(self) -> None:
+        import psycopg  # noqa: PLC0415
+
+        super().setup()
+        schema = self.env.schema
+        self.me = os.urandom(8).hex()
+        with self.conn.transaction():  # processes of one measure set up at once
+            self.conn.execute("SELECT pg_advisory_xact_lock(hashtext('handoff floor setup'))")
+            self.conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+            for statement in self._SETUP:
+                self.conn.execute(statement.replace("{s}", schema))
+        self._take = f"SELECT {schema}.handoff_take(%s, %s)"
+        self._give = f"SELECT {schema}.handoff_give(%s, %s)"
+        self.listen = psycopg.connect(self.env.pg_url(), autocommit=True)
+        self.listen.execute(f"LISTEN handoff_{self.me}")
+
+    def acquire(self, name: str) -> None:
+        row = self.conn.execute(self._take, (name, self.me)).fetchone()
+        self._name = name
+        if not (row and row[0]):
+            for _ in self.listen.notifies(stop_after=1):  # we are first in line now
+                pass
+
+    def release(self) -> None:
+        self.conn.execute(self._give, (self._name, self.me))
+
+    def teardown(self) -> None:
+        self.listen.close()
+        super().teardown()
+
+
 class Tooz(CachedLocks):
     key = "tooz-pg"
     label = "tooz, postgresql driver"
@@ -670,6 +743,7 @@ SUBJECTS: tuple[type[Subject], ...] = (
     LockwardenRelaxed,
     PostgresFloor,
     PostgresAdvisory,
+    PostgresHandoffFloor,
     Tooz,
     RedisPy,
     PythonRedisLock,

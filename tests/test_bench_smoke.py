@@ -93,3 +93,15 @@ def test_the_etcd_subjects_run_on_a_private_cluster(tmp_path: Path) -> None:
         assert results["uncontended"][key]["pair_us"] > 0
     for key in ("lockwarden-etcd", "etcdctl-lock"):
         assert results["throughput"][key]["exclusive"] is True
+
+
+def test_the_durable_handoff_floor_is_a_lock_granted_in_queue_order() -> None:
+    """The floor the PostgreSQL hand-off is judged by must be a lock: exclusive, and fair
+    under contention (each process served in turn), or its figures would flatter it."""
+    with store.run_env(["pg-handoff-floor"]) as env:
+        results = store.run(env, TOY, ["pg-handoff-floor"])
+    assert not results["skipped"], results["skipped"]
+    assert results["handoff"]["pg-handoff-floor"]["median_ms"] > 0
+    contended = results["throughput"]["pg-handoff-floor"]
+    assert contended["exclusive"] is True, contended
+    assert max(contended["shares"]) - min(contended["shares"]) <= 0.1, contended
