@@ -264,7 +264,8 @@ def test_a_release_nobody_waits_for_is_one_statement_and_one_with_waiters_grants
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`_RELEASE_IDLE` deletes only where nobody waits, as a transaction of its own;
-    otherwise the full release decides, granting the waiter, or saying the lock was lost."""
+    otherwise the full release decides, granting the waiter (the hand-off's shortcut), or
+    saying the lock was lost."""
     seen = _trace(monkeypatch)
     with connect(url) as store, store.session(app_id="a") as a, store.session(app_id="b") as b:
         held = a.lock("r")
@@ -276,8 +277,12 @@ def test_a_release_nobody_waits_for_is_one_statement_and_one_with_waiters_grants
         waiting = Background(lambda: b.lock("r", timeout=10))
         wait_for(lambda: store.waiters("r"), what="b to queue")
         store._backend._contended.clear()  # type: ignore[attr-defined]  # as if seen first here
+        start = len(seen)
         held.release()
         granted = waiting.result()
+        ran = " / ".join(sql for _, sql in seen[start:])
+        assert "WITH head AS" in ran  # the hand-off's shortcut (`queries.HEAD_ALONE`)...
+        assert "GROUP BY w.request_id" not in ran  # ...not the grant loop's candidates
         assert [e.token for e in store.locks("r")] == [granted.token] and granted.token > held.token
         store.break_lock("r")
         with pytest.raises(LockLost):

@@ -120,9 +120,9 @@ def _tokens(rows: list[Row]) -> dict[str, int]:
 def grant(run: Run, released: Sequence[str], engine: Engine) -> list[Told]:
     """Let in whoever the released names now admit, in queue order (design note, "Release").
 
-    The steps of PostgreSQL's ``lw_grant`` loop (`plpgsql`, which tries a one-statement
-    shortcut for the common hand-off first), with the same statements, run in the
-    release's transaction, which holds the locks of ``released``. A
+    The steps of PostgreSQL's ``lw_grant`` (`plpgsql`), with the same statements, run
+    in the release's transaction, which holds the locks of ``released``: first the
+    shortcut for the common hand-off (`queries.HEAD_ALONE`), then the loop. A
     multi-lock is granted only if the locks of its other names are free at once
     (`Engine.try_lock`); otherwise it is told to attempt for itself. Returns whom
     to tell after the commit: each granted request, each multi-lock left to
@@ -131,9 +131,13 @@ def grant(run: Run, released: Sequence[str], engine: Engine) -> list[Told]:
     """
     told: list[Told] = []
     closed: set[str] = set()
-    candidates = run(queries.GRANT_CANDIDATES, {"names": released})
-    if not candidates:  # nobody who could be let in waits: nobody to tell either
-        return told
+    if len(released) == 1 and (head := _grant_head(run, released[0], engine)):
+        told.append(head)
+        candidates = []
+    else:
+        candidates = run(queries.GRANT_CANDIDATES, {"names": released})
+        if not candidates:  # nobody who could be let in waits: nobody to tell either
+            return told
     for candidate in candidates:
         if closed.issuperset(released):
             break
@@ -164,3 +168,16 @@ def grant(run: Run, released: Sequence[str], engine: Engine) -> list[Told]:
         told.append((candidate["request_id"], candidate["session_id"], one))
     held = run(queries.HOLDING_WAITERS, {"names": released})
     return told + [(row["request_id"], row["session_id"], None) for row in held]
+
+
+def _grant_head(run: Run, name: str, engine: Engine) -> Told | None:
+    """The common hand-off in two statements (`queries.HEAD_ALONE`), or None: the loop
+    decides. (Where the token is reserved beforehand, a hand-off the loop makes after
+    all leaves a gap in the tokens: they still only grow.)"""
+    first = engine.reserve(run, "token", 1)
+    granted = run(queries.GRANT_HEAD, {"name": name, "first_token": first})
+    if not granted:
+        return None
+    head = granted[0]
+    run(queries.DEQUEUE, {"request": head["request_id"], "session": head["session_id"]})
+    return head["request_id"], head["session_id"], (head["token"],)

@@ -64,23 +64,7 @@ def _grant_channel_of(session: str) -> str:
 
 
 _GRANT_HEAD: Final = f"""
-WITH head AS (
-    SELECT w.request_id, w.session_id, w.mode
-    FROM {{p}}lw_waiters AS w JOIN {{p}}lw_sessions AS s ON s.id = w.session_id
-    WHERE w.name = :name AND {queries.LIVE} AND (w.expires_at IS NULL OR w.expires_at > {{now}})
-    ORDER BY w.seq
-    LIMIT 1
-),
-alone AS (
-    SELECT h.request_id, h.session_id FROM head AS h
-    WHERE h.mode = 'X'
-      AND NOT EXISTS (SELECT 1 FROM {{p}}lw_holders WHERE name = :name)
-      AND NOT EXISTS (SELECT 1 FROM {{p}}lw_waiters AS o
-                      WHERE o.request_id = h.request_id AND o.session_id = h.session_id
-                        AND o.name <> :name)
-      AND coalesce((SELECT write_permits FROM {{p}}lw_permits WHERE name = :name), 1) = 1
-      AND (SELECT value FROM {{p}}lw_meta WHERE key = 'started') = {{started}}
-),
+{queries.HEAD_ALONE},
 granted AS (
     INSERT INTO {{p}}lw_holders (request_id, name, mode, session_id, token, granted_at)
     SELECT request_id, :name, 'X', session_id, {{token}}, {{now}} FROM alone
@@ -92,13 +76,8 @@ dequeued AS (
 )
 SELECT request_id, session_id, token INTO _request, _session, _token FROM granted
 """
-"""The common hand-off in one statement: a release of one name whose first live waiter
-is a single-name exclusive request, with nobody left holding the name (dead holders
-included), a write cap of one and no server restart since the last grant, grants that
-waiter. `lw_grant`'s loop would make the same grant (nothing is in the way: no holder,
-no live waiter ahead, nothing counted against the cap), and then nothing more on the
-name, where every later candidate is blocked by the new writer. Anything else sets
-no variable and the loop decides."""
+"""`queries.HEAD_ALONE`'s waiter granted and dequeued in one statement (data-modifying
+CTEs); no variable set if `lw_grant`'s loop must decide."""
 
 
 def functions(schema: str) -> list[str]:

@@ -318,6 +318,41 @@ ORDER BY min(w.seq)
 """The requests queued on the released names that may still be granted (live session,
 not past their deadline), in queue order. (A request's rows share one seq.)"""
 
+HEAD_ALONE: Final = f"""
+WITH head AS (
+    SELECT w.request_id, w.session_id, w.mode
+    FROM {{p}}lw_waiters AS w JOIN {{p}}lw_sessions AS s ON s.id = w.session_id
+    WHERE w.name = :name AND {LIVE} AND (w.expires_at IS NULL OR w.expires_at > {{now}})
+    ORDER BY w.seq
+    LIMIT 1
+),
+alone AS (
+    SELECT h.request_id, h.session_id FROM head AS h
+    WHERE h.mode = 'X'
+      AND NOT EXISTS (SELECT 1 FROM {{p}}lw_holders WHERE name = :name)
+      AND NOT EXISTS (SELECT 1 FROM {{p}}lw_waiters AS o
+                      WHERE o.request_id = h.request_id AND o.session_id = h.session_id
+                        AND o.name <> :name)
+      AND coalesce((SELECT write_permits FROM {{p}}lw_permits WHERE name = :name), 1) = 1
+      AND (SELECT value FROM {{p}}lw_meta WHERE key = 'started') = {{started}}
+)"""
+"""The common hand-off (design note, "Release"): after a release of one name, ``alone``
+is its first live waiter if that is a single-name exclusive request, with nobody left
+holding the name (dead holders included), a write cap of one and no server restart since
+the last grant; empty otherwise. The grant loop would grant that waiter (nothing is in
+its way: no holder, no live waiter ahead, nothing counted against the cap), and then
+nothing more on the name, where every later candidate is blocked by the new writer."""
+
+GRANT_HEAD: Final = f"""
+INSERT INTO {{p}}lw_holders (request_id, name, mode, session_id, token, granted_at)
+{HEAD_ALONE}
+SELECT request_id, :name, 'X', session_id, {{token}}, {{now}} FROM alone
+RETURNING request_id, session_id, token
+"""
+"""`HEAD_ALONE`'s waiter granted, in one statement (its queue entry is left to `DEQUEUE`);
+no row if the loop must decide. PostgreSQL makes the same grant and dequeue as one
+statement inside its function (`plpgsql`)."""
+
 WAITING_ITEMS: Final = """
 SELECT name, mode FROM {p}lw_waiters WHERE request_id = :request AND session_id = :session
 """
