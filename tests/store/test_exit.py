@@ -186,3 +186,31 @@ def test_closing_at_exit_does_not_wait_for_a_thread_still_taking_a_lock(url: str
     with lockwarden.connect(url) as again:
         assert again.locks() == []
         assert again.waiters() == []
+
+
+def test_a_process_found_alive_is_not_read_again_soon_but_its_end_is_seen_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A waiter looks at every process in its way on each attempt: reading /proc each time
+    cost a contended acquisition more client time than any other step."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    identity = process.identity(child.pid)
+    if identity is None:
+        child.kill()
+        pytest.skip("no /proc")
+    reads: list[int] = []
+    real = process._stat
+
+    def counted(pid: int) -> tuple[str, str] | None:
+        reads.append(pid)
+        return real(pid)
+
+    monkeypatch.setattr(process, "_stat", counted)
+    row = {"pid": child.pid, "pid_start": identity}
+    try:
+        assert not any(process.gone(row) for _ in range(50))
+        assert len(reads) == 1  # then only asked whether the pid exists
+    finally:
+        child.kill()
+        child.wait()
+    assert process.gone(row)  # reaped: its pid is free, seen without waiting for a full look

@@ -16,6 +16,7 @@ is None and the TTL alone judges, as for a holder on another host.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from functools import cache
 from typing import Any
@@ -24,6 +25,16 @@ from lockwarden.errors import LockUsageError
 
 _GONE_STATES = frozenset("ZXx")
 """A zombie (exited, not yet reaped) or dead process no longer runs the session."""
+
+RECHECK = 0.25
+"""Seconds for which a process found alive in ``/proc`` is only asked whether its pid
+still exists (``kill(pid, 0)``, one system call) instead of being read again."""
+
+_KEPT = 1024
+"""At most this many processes remembered as found alive."""
+
+_found_alive: dict[tuple[int, str], float] = {}
+"""(pid, recorded identity) -> when ``/proc`` last showed that very process alive."""
 
 
 def _stat(pid: int) -> tuple[str, str] | None:
@@ -77,13 +88,33 @@ def gone(row: Mapping[str, Any]) -> bool:
     process, a zombie, or a process started later."""
     if not local(row):
         return False  # another host, boot or pid namespace: only the TTL can tell
+    pid, recorded = int(row["pid"]), row["pid_start"]
+    key = (pid, recorded)
+    now = time.monotonic()
+    if now - _found_alive.get(key, -RECHECK) < RECHECK:
+        # Seen alive just now: a waiter looks at each process in its way on every
+        # attempt, and reading /proc cost more of a contended acquisition than any
+        # other step on the client. A pid that is free again is gone at once; a
+        # zombie, or a pid reused this quickly, is seen at the next full look.
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _found_alive.pop(key, None)
+            return True
+        except OSError:
+            pass  # exists, and is another user's
+        return False
     try:
-        found = _stat(int(row["pid"]))
+        found = _stat(pid)
     except OSError:
         return False  # cannot look (permissions): take it as alive
-    if found is None or found[0] in _GONE_STATES:
+    if found is None or found[0] in _GONE_STATES or recorded != f"{_machine()}/{found[1]}":
+        _found_alive.pop(key, None)
         return True
-    return bool(row["pid_start"] != f"{_machine()}/{found[1]}")
+    if len(_found_alive) >= _KEPT:
+        _found_alive.clear()
+    _found_alive[key] = now
+    return False
 
 
 def forked_from(pid: int) -> LockUsageError:
