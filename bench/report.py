@@ -353,6 +353,11 @@ def targets(results: Results) -> list[dict[str, str]]:
         pair_ratio(results, "lockwarden-sqlite", "sqlite-floor"),
         1.3,
     )
+    at_most(
+        'SQLite with durability="relaxed": pair at or below filelock\'s',
+        pair_ratio(results, "lockwarden-sqlite-relaxed", "filelock"),
+        1.0,
+    )
     sqlite_hand = _get(results, "handoff", "lockwarden-sqlite", "median_ms")
     add(
         "SQLite handoff <= 2 ms",

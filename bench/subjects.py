@@ -249,6 +249,19 @@ class LockwardenSQLite(Lockwarden):
         return f"sqlite:///{self.env.file('lockwarden.db')}"
 
 
+class LockwardenSQLiteRelaxed(LockwardenSQLite):
+    key = "lockwarden-sqlite-relaxed"
+    label = "lockwarden, relaxed"
+    durability = "relaxed"
+    config = (
+        'as above with `durability="relaxed"` (grants and releases commit with '
+        "`synchronous=NORMAL`: a power loss may forget them, never repeat a token)"
+    )
+
+    def url(self) -> str:
+        return f"sqlite:///{self.env.file('lockwarden-relaxed.db')}"
+
+
 class LockwardenEtcd(Lockwarden):
     key = "lockwarden-etcd"
     backend = ETCD
@@ -752,6 +765,7 @@ SUBJECTS: tuple[type[Subject], ...] = (
     MySQLGetLock,
     ToozMySQL,
     LockwardenSQLite,
+    LockwardenSQLiteRelaxed,
     SQLiteFloor,
     FileLock,
     Fasteners,

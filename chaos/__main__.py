@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
         "--durability",
         choices=("durable", "relaxed"),
         default="durable",
-        help="the workers' connect(durability=...); relaxed is PostgreSQL's only",
+        help="the workers' connect(durability=...); relaxed is PostgreSQL's and SQLite's",
     )
     parser.add_argument("--pg", default=PG_DEFAULT, help="PostgreSQL URL (a schema is added)")
     parser.add_argument(
@@ -84,8 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.crash and not args.allow_restart:
         parser.error("--crash says how the server restarts: give --allow-restart too")
-    if args.durability == "relaxed" and args.backend != "postgres":
-        parser.error("--durability relaxed is for PostgreSQL only")
+    if args.durability == "relaxed" and args.backend not in ("postgres", "sqlite"):
+        parser.error("--durability relaxed is for PostgreSQL and SQLite only")
     if args.backend == "mysql" and args.allow_restart:
         parser.error("--allow-restart restarts PostgreSQL only (never the shared MariaDB)")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from lockwarden import LockLost
+from lockwarden import LockLost, LockUsageError
 from lockwarden.modes import Mode
 from lockwarden.store import Store, connect, queries, sqlite
 from tests.conftest import Background, Child, wait_for
@@ -146,34 +146,33 @@ def test_a_fought_over_attempt_waits_for_the_disk_only_if_it_grants(
     always only queues, and a forgotten queue entry is harmless. If it grants after all,
     a durable write carries the grant to disk before the caller is told."""
     seen = _trace(monkeypatch)
-
-    def relaxed() -> list[str]:
-        """The statements of the last transaction run with ``synchronous = NORMAL``, and
-        what its connection ran after it."""
-        start = max(i for i, (_, sql) in enumerate(seen) if sql == "PRAGMA synchronous = NORMAL")
-        conn = seen[start][0]
-        return [sql for c, sql in seen[start:] if c == conn]
-
     with connect(url) as store, store.session(app_id="a") as a, store.session(app_id="b") as b:
         backend = store._backend
         held = b.lock("x")
         backend._contended.add("x")  # type: ignore[attr-defined]
+        start = len(seen)
         waiting = Background(lambda: a.lock("x", timeout=10))
         wait_for(lambda: store.waiters("x"), what="a to queue")
-        queued = relaxed()
-        end = queued.index("PRAGMA synchronous = FULL")
-        assert any("INSERT INTO lw_waiters" in sql for sql in queued[:end])
+        assert any("INSERT INTO lw_waiters" in sql for sql in _ran(seen, start, relaxed=True))
         assert MADE_DURABLE not in (sql for _, sql in seen)
         held.release()
         waiting.result().release()
 
         backend._contended.add("x")  # type: ignore[attr-defined]
+        start = len(seen)
         a.lock("x").release()  # free after all: granted by the relaxed attempt
-        granted = relaxed()
-        end = granted.index("PRAGMA synchronous = FULL")
-        assert any("INSERT INTO lw_holders" in sql for sql in granted[:end])
-        last = max(i for i, (_, sql) in enumerate(seen) if sql == "PRAGMA synchronous = NORMAL")
-        assert MADE_DURABLE in (sql for _, sql in seen[last:])  # after the relaxed commit
+        granted = [i for i, (_, sql) in enumerate(seen) if "INSERT INTO lw_holders" in sql]
+        assert granted and _ran(seen, granted[-1], relaxed=True)[:1] == [seen[granted[-1]][1]]
+        made = [i for i, (_, sql) in enumerate(seen) if sql == MADE_DURABLE]
+        assert made and made[-1] > granted[-1]  # after the relaxed commit, on a durable one
+        assert MADE_DURABLE in _ran(seen, start, relaxed=False)
+
+
+def _ran(seen: list[tuple[int, str]], start: int, *, relaxed: bool) -> list[str]:
+    """The statements run from ``start`` on connections whose commits do (``relaxed=False``)
+    or do not wait for the disk."""
+    normal = {conn for conn, sql in seen if sql == "PRAGMA synchronous = NORMAL"}
+    return [sql for conn, sql in seen[start:] if (conn in normal) == relaxed]
 
 
 def test_a_busy_writer_does_not_starve_a_heartbeat(store: Store) -> None:
@@ -288,3 +287,59 @@ def test_a_release_nobody_waits_for_is_one_statement_and_one_with_waiters_grants
         with pytest.raises(LockLost):
             granted.release()
         assert store.locks("r") == [] and store.waiters("r") == []
+
+
+def test_relaxed_lock_transactions_do_not_wait_for_the_disk_and_the_rest_does(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``durability="relaxed"``: grants and releases commit with ``synchronous = NORMAL``;
+    sessions, heartbeats and fences stay durable, as on PostgreSQL."""
+    seen = _trace(monkeypatch)
+    with connect(url, durability="relaxed") as store:
+        start = len(seen)
+        with store.session(app_id="r") as s:
+            s.lock("x").release()
+            many = s.lock_many([("x", "write"), ("y", "read")])
+            store.fence("f").write(many.tokens["x"], "v")
+            many.release()
+        relaxed = " / ".join(_ran(seen, start, relaxed=True))
+        durable = " / ".join(_ran(seen, start, relaxed=False))
+    assert "INSERT INTO lw_holders" in relaxed and "DELETE FROM lw_holders" in relaxed
+    assert "INSERT INTO lw_holders" not in durable  # (a fence reads them, durably)
+    assert "INSERT INTO lw_sessions" in durable and "lw_fences" in durable
+    assert "INSERT INTO lw_sessions" not in relaxed and "lw_fences" not in relaxed
+
+
+def test_tokens_move_on_when_the_store_is_first_opened_after_the_machine_restarted(
+    url: str,
+) -> None:
+    """A relaxed grant that a power loss forgot may have handed out tokens the counter no
+    longer remembers: the first opening after a restart moves them on to the next 2^40
+    range, durably, so no token is ever handed out twice."""
+    with connect(url) as store, store.session(app_id="before") as s:
+        for _ in range(5):
+            held = s.lock("t")
+            held.release()
+        first = held.token
+        assert first < 2**40  # a new store starts low
+        # The machine restarts: the last grants were forgotten (the counter is back
+        # where it was 3 grants ago), and the boot recorded is another one's.
+        for forget in (
+            "UPDATE lw_meta SET value = value - 3 WHERE key = 'token'",
+            "UPDATE lw_meta SET value = value + 1 WHERE key = 'boot'",
+        ):
+            store._backend.query(forget, write=True)
+    with connect(url) as after, after.session(app_id="after") as s:
+        token = s.lock("t").token
+        assert token > first and token >> 40 == (first >> 40) + 1
+    with connect(url) as again, again.session(app_id="again") as s:
+        assert s.lock("t").token == token + 1  # the same boot: no second move
+
+
+def test_relaxed_is_refused_where_a_restart_of_the_machine_cannot_be_seen(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite.process, "boot", lambda: None)
+    with pytest.raises(LockUsageError, match="relaxed durability needs to know when"):
+        connect(url, durability="relaxed")
+    connect(url).close()  # durable: the counter is on disk before a token is handed out

@@ -288,8 +288,8 @@ def test_redact_removes_every_form() -> None:
 
 
 def test_connect_refuses_bad_options_before_connecting() -> None:
-    with pytest.raises(LockUsageError, match="PostgreSQL only"):
-        lockwarden.connect("sqlite:///never.db", durability="relaxed")
+    with pytest.raises(LockUsageError, match="PostgreSQL and SQLite only"):
+        lockwarden.connect("mysql://nobody@127.0.0.1:1/never", durability="relaxed")
     with pytest.raises(LockUsageError, match="durability"):
         lockwarden.connect("sqlite:///never.db", durability="fast")
     with pytest.raises(LockUsageError, match="max_hold"):

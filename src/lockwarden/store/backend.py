@@ -187,7 +187,7 @@ class Backend(ABC):
     """One database holding one lock store."""
 
     relaxed: bool = False
-    """Lock transactions commit without waiting for the disk (PostgreSQL only)."""
+    """Lock transactions commit without waiting for the disk (PostgreSQL and SQLite)."""
 
     def __init__(self, url: StoreURL) -> None:
         self.url = url

@@ -51,6 +51,19 @@ def _stat(pid: int) -> tuple[str, str] | None:
 
 
 @cache
+def boot() -> int | None:
+    """This boot of this machine as a positive number (from the kernel's boot id), or None
+    where it cannot be known: it changes whenever the machine starts again, as after a
+    power loss."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            digits = f.read().strip().replace("-", "")
+        return int(digits[:15], 16)  # 60 bits: a BIGINT column holds it
+    except (OSError, ValueError):
+        return None
+
+
+@cache
 def _machine() -> str | None:
     """This boot of this kernel, and our pid namespace: where a pid means one process."""
     try:

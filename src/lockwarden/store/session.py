@@ -1180,8 +1180,9 @@ def connect(
     ``on_stale``: the default policy for a dead holder's lock, "reclaim" or
     "refuse". ``lock_delay``: seconds a reclaimed lock is withheld from its
     new holder. ``durability``:
-    "durable", or "relaxed" (PostgreSQL only: lock transactions do not wait
-    for the disk; see the design note for what a database crash then costs).
+    "durable", or "relaxed" (PostgreSQL and SQLite: lock transactions do not
+    wait for the disk; see the design note for what a crash of the database
+    or of the machine then costs; fencing tokens never repeat either way).
     ``create=False``: a database without a lock store raises `StoreError`
     instead of getting one (an existing store is still upgraded).
     """
@@ -1210,10 +1211,10 @@ def _backend(url: str, durability: str, opening: Opening) -> Backend:
     parsed = parse_url(url)
     if durability not in ("durable", "relaxed"):
         raise LockUsageError(f"durability must be 'durable' or 'relaxed', got {durability!r}")
-    if durability == "relaxed" and parsed.backend != "postgresql":
+    if durability == "relaxed" and parsed.backend not in ("postgresql", "sqlite"):
         raise LockUsageError(
-            "relaxed durability is for PostgreSQL only: a grant on "
-            f"{parsed.backend} is durable at no extra cost"
+            "relaxed durability is for PostgreSQL and SQLite only: "
+            f"every lock transaction on {parsed.backend} commits durably"
         )
     return _BACKENDS[parsed.backend](parsed, durability == "relaxed", opening)
 
@@ -1241,7 +1242,7 @@ def _etcd(url: StoreURL, relaxed: bool, opening: Opening) -> Backend:
 
 
 _BACKENDS: dict[str, Callable[[StoreURL, bool, Opening], Backend]] = {
-    "sqlite": lambda url, relaxed, opening: SQLiteBackend(url, opening=opening),
+    "sqlite": lambda url, relaxed, opening: SQLiteBackend(url, relaxed=relaxed, opening=opening),
     "postgresql": _postgres,
     "etcd": _etcd,
     "mysql": _mysql,

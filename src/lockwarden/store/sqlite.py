@@ -28,10 +28,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext, suppress
+from functools import partial
 from typing import Any, TypeVar
 
-from lockwarden.errors import StoreError
-from lockwarden.store import queries, schema
+from lockwarden.errors import LockUsageError, StoreError
+from lockwarden.store import process, queries, schema
 from lockwarden.store.attempt import Engine, Told, attempt, grant
 from lockwarden.store.backend import (
     TAG_LENGTH,
@@ -128,6 +129,31 @@ def _reserve(run: Run, counter: str, n: int) -> int:
 
 
 _ENGINE = Engine(reserve=_reserve)
+
+_NEW_BOOT = (
+    "INSERT INTO lw_meta (key, value) VALUES ('boot', :boot)"
+    " ON CONFLICT (key) DO UPDATE SET value = excluded.value WHERE value <> excluded.value"
+    " RETURNING value"
+)
+_TOKENS_MOVE_ON = (
+    "UPDATE lw_meta SET value = ((value >> 40) + 1) << 40 WHERE key = 'token' AND value > 0"
+)
+
+
+def _note_boot(run: Run) -> None:
+    """On the first opening of the store since this machine started, move the tokens on
+    to the next 2^40 range, in the opening's durable transaction.
+
+    A relaxed commit (``synchronous = NORMAL``) that a power loss forgets may
+    have handed out tokens the counter no longer remembers; every process that
+    could have used them died with the machine. Every token issued after the
+    restart is larger than every token issued before it, remembered or not
+    (design note, "Durability"). A process that is merely killed forgets
+    nothing: the WAL is in the operating system's cache.
+    """
+    boot = process.boot()
+    if boot is not None and run(_NEW_BOOT, {"boot": boot}):
+        run(_TOKENS_MOVE_ON)
 
 
 class _FairLock:
@@ -227,12 +253,28 @@ def _dict_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> Row:
 class SQLiteBackend(SQLBackend):
     dialect = queries.SQLITE
 
-    def __init__(self, url: StoreURL, *, opening: Opening = "create") -> None:
+    def __init__(
+        self, url: StoreURL, *, relaxed: bool = False, opening: Opening = "create"
+    ) -> None:
         super().__init__(url)
+        if relaxed and process.boot() is None:
+            raise LockUsageError(
+                f"lock store {url.display}: relaxed durability needs to know when this "
+                "machine restarted (Linux's boot id), so that fencing tokens never repeat "
+                "after a power loss, and this system does not say: use the default "
+                'durability="durable"'
+            )
         if opening != "create" and not os.path.isfile(url.target):
             # Before anything is opened: that would create the file and its lock file.
             raise self._no_store(_STEPS)
-        self._pool: Pool[sqlite3.Connection] = Pool(self._connect, sqlite3.Connection.close)
+        self.relaxed = relaxed
+        self._pool: Pool[sqlite3.Connection] = Pool(
+            partial(self._connect, "FULL"), sqlite3.Connection.close
+        )
+        self._relaxed_pool: Pool[sqlite3.Connection] = Pool(
+            partial(self._connect, "NORMAL"), sqlite3.Connection.close
+        )
+        """Connections whose commits do not wait for the disk (design note, "Durability")."""
         if opening == "create":
             _create_private(url)
         self._run(lambda conn: None)  # SQLite says first if the database cannot be opened
@@ -252,15 +294,15 @@ class SQLiteBackend(SQLBackend):
         self._poller_lock = threading.Lock()
         self._contended: set[str] = set()
         """Names to acquire without trying `TAKE_IDLE` first (`_note_contended`)."""
-        self._migrate((), _STEPS, opening)
+        self._migrate((), _STEPS, opening, _note_boot)
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, synchronous: str) -> sqlite3.Connection:
         conn = sqlite3.connect(
             self.url.target, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
         )
         conn.row_factory = _dict_row
         conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
         return conn
 
     def _has_store(self) -> bool:
@@ -268,9 +310,9 @@ class SQLiteBackend(SQLBackend):
 
     # -- running statements ----------------------------------------------------------
 
-    def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+    def _run(self, work: Callable[[sqlite3.Connection], T], *, durable: bool = True) -> T:
         try:
-            with self._pool.connection() as conn:
+            with (self._pool if durable else self._relaxed_pool).connection() as conn:
                 return work(conn)
         except sqlite3.Error as exc:
             raise StoreError(f"lock store {self.url.display}: {exc}") from exc
@@ -292,23 +334,17 @@ class SQLiteBackend(SQLBackend):
                 return self._execute(conn, sql, params)
 
             with self._writing if write else nullcontext():
-                if not durable:  # set outside the transaction: SQLite allows no other place
-                    conn.execute("PRAGMA synchronous = NORMAL")
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 try:
-                    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                    try:
-                        result = work(run)
-                    except BaseException:
-                        if conn.in_transaction:
-                            conn.execute("ROLLBACK")
-                        raise
-                    conn.execute("COMMIT")
-                finally:
-                    if not durable:
-                        conn.execute("PRAGMA synchronous = FULL")
+                    result = work(run)
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
                 return result
 
-        return self._run(run_in)
+        return self._run(run_in, durable=durable)
 
     def _make_durable(self) -> None:
         """Wait for the disk to hold every commit made so far, a relaxed one included.
@@ -320,16 +356,17 @@ class SQLiteBackend(SQLBackend):
         self.query(_MOVE_SEQ, write=True)
 
     def _write_one(self, sql: str, params: Params) -> list[Row]:
-        """One rendered statement that writes, as its own transaction. It takes the write
-        lock before it reads (as ``BEGIN IMMEDIATE`` does: with `_Writer` held no other
-        writer can come between), so its reads and its write see one state."""
+        """One rendered statement of the lock algorithm that writes, as its own
+        transaction (relaxed if the store is). It takes the write lock before it reads
+        (as ``BEGIN IMMEDIATE`` does: with `_Writer` held no other writer can come
+        between), so its reads and its write see one state."""
 
         def work(conn: sqlite3.Connection) -> list[Row]:
             with self._writing:
                 return conn.execute(sql, params).fetchall()
 
         self.stats.add("statements")
-        return self._run(work)
+        return self._run(work, durable=not self.relaxed)
 
     def query(self, sql: str, params: Params | None = None, *, write: bool = False) -> list[Row]:
         if write:
@@ -385,10 +422,10 @@ class SQLiteBackend(SQLBackend):
             # A name fought over is almost always found taken: the attempt only
             # queues, and a queue entry a crash forgets is harmless (design note,
             # "Durability"). A grant it makes after all is made durable before
-            # anyone is told of it.
-            relaxed = single and request.enqueue and request.names[0] in self._contended
-            found, told = self._in_transaction(work, durable=not relaxed)
-            if relaxed and found.status == "granted":
+            # anyone is told of it, unless the store is relaxed.
+            fought = single and request.enqueue and request.names[0] in self._contended
+            found, told = self._in_transaction(work, durable=not (fought or self.relaxed))
+            if fought and not self.relaxed and found.status == "granted":
                 self._make_durable()
             if single:
                 self._note_contended(request.names, found.status != "granted")
@@ -416,7 +453,7 @@ class SQLiteBackend(SQLBackend):
                 return len(gone), []  # nobody to let in
             return len(gone), grant(run, names, _ENGINE)
 
-        deleted, told = self._in_transaction(work)
+        deleted, told = self._in_transaction(work, durable=not self.relaxed)
         self._note_contended(names, bool(told))
         self._poke(told)  # after the commit: a woken waiter holds its grant
         return deleted
@@ -508,7 +545,7 @@ class SQLiteBackend(SQLBackend):
             if self._closed.is_set() or not self.wakeups.waiting:
                 continue
             try:
-                conn = conn or self._connect()
+                conn = conn or self._connect("NORMAL")  # it only reads
                 now = conn.execute("PRAGMA data_version").fetchone()["data_version"]
             except sqlite3.Error:
                 conn = None
@@ -535,6 +572,7 @@ class SQLiteBackend(SQLBackend):
         if self._poller is not None:
             self._poller.join(timeout=1.0)
         self._pool.close()
+        self._relaxed_pool.close()
         self._writing.close()
         for sock in (*self._kicks, self._outbox, self._inbox):
             if sock is not None:
