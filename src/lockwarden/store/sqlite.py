@@ -4,14 +4,16 @@ SQLite has one writer at a time, so a write transaction serializes every
 request on the store (the role PostgreSQL's per-name advisory locks play).
 The algorithm is the design note's, step for step, with the same shared
 statements the PL/pgSQL function runs. The file is in WAL mode with
-``synchronous=FULL``: a grant is on disk before the caller learns of it.
+``synchronous=FULL``: a grant is on disk before the caller learns of it
+(with ``durability="relaxed"``, grants and releases use connections with
+``synchronous=NORMAL``: design note, "Durability").
 
 Wake-ups: a change made through this store wakes its waiters at once; a
-release in another process pokes the inbox of the granted waiter's store
-(a datagram socket named by the tag its session ids end with); anything
-else made by another process is seen by a poller that reads ``PRAGMA
-data_version`` (which moves whenever another connection commits) every few
-milliseconds, backing off to 50 ms, and only while someone waits.
+change in another process that may let a waiter in pokes the inbox of the
+waiter's store (a datagram socket named by the tag its session ids end
+with). Under the pokes, a poller reads ``PRAGMA data_version`` (which moves
+whenever another connection commits) while someone waits, and wakes every
+waiter at most every `SAFETY_NET` if a change came that no poke explained.
 """
 
 from __future__ import annotations
