@@ -12,8 +12,8 @@ Wake-ups: a change made through this store wakes its waiters at once; a
 change in another process that may let a waiter in pokes the inbox of the
 waiter's store (a datagram socket named by the tag its session ids end
 with). Under the pokes, a poller reads ``PRAGMA data_version`` (which moves
-whenever another connection commits) while someone waits, and wakes every
-waiter at most every `SAFETY_NET` if a change came that no poke explained.
+whenever another connection commits) while someone waits, and after a
+change wakes every waiter, at most every `SAFETY_NET`, in case a poke was lost.
 """
 
 from __future__ import annotations
