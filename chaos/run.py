@@ -82,9 +82,12 @@ class WorkerPool:
         self._incarnations[slot] += 1
 
     def pid(self, slot: int) -> int | None:
+        """The running worker of ``slot``; None while it is being replaced, from the
+        moment it was killed (it may not be dead yet: a fault aimed at it would miss)."""
         with self._lock:
             proc = self._procs.get(slot)
-            return proc.pid if proc is not None and proc.poll() is None else None
+            running = proc is not None and slot not in self._killed and proc.poll() is None
+            return proc.pid if running and proc is not None else None
 
     def kill(self, slot: int) -> int | None:
         with self._lock:
