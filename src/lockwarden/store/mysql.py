@@ -302,8 +302,7 @@ class MySQLBackend(SQLBackend):
         """Run ``work`` on a pooled connection; retry it on a fresh one after a transient error."""
         for delay in (*RETRY_DELAYS, None):
             try:
-                with self._pool.connection() as conn:
-                    return work(conn)
+                return self._pool.run(work)
             except self._driver.Error as exc:
                 code = exc.args[0] if exc.args else None
                 if delay is None or code not in _TRANSIENT:

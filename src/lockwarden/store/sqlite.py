@@ -108,14 +108,16 @@ _RELEASE = (
 """`queries.RELEASE`, saying also whether anyone waits for each name: a release nobody
 waits for is one statement."""
 
-_RELEASE_IDLE = queries.SQLITE.render(
+_RELEASE_IDLE = queries.SQLITE._replace(in_names="= :name").render(
     queries.RELEASE.replace(
         "RETURNING",
         "AND NOT EXISTS (SELECT 1 FROM lw_waiters AS w WHERE w.name = lw_holders.name)\nRETURNING",
     )
 )
 """The release of one name nobody waits for, as one statement in its own transaction: no
-row if anyone waits (or the lock was lost), and `_RELEASE`'s transaction decides."""
+row if anyone waits (or the lock was lost), and `_RELEASE`'s transaction decides. The name
+is compared, not looked up in a JSON list: ``json_each`` cost about 8 µs of a relaxed
+pair's 100."""
 
 _RESERVE = (
     "UPDATE lw_meta SET value = value + :n WHERE key = :key RETURNING value - :n + 1 AS first"
@@ -314,8 +316,7 @@ class SQLiteBackend(SQLBackend):
 
     def _run(self, work: Callable[[sqlite3.Connection], T], *, durable: bool = True) -> T:
         try:
-            with (self._pool if durable else self._relaxed_pool).connection() as conn:
-                return work(conn)
+            return (self._pool if durable else self._relaxed_pool).run(work)
         except sqlite3.Error as exc:
             raise StoreError(f"lock store {self.url.display}: {exc}") from exc
 
@@ -441,7 +442,9 @@ class SQLiteBackend(SQLBackend):
         if (
             len(names) == 1
             and names[0] not in self._contended
-            and self._write_one(_RELEASE_IDLE, {**params, "names": json.dumps(names)})
+            and self._write_one(
+                _RELEASE_IDLE, {"session": session_id, "request": request_id, "name": names[0]}
+            )
         ):
             return 1
 
