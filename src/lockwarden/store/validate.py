@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterable
+from functools import lru_cache
 
 from lockwarden.errors import LockUsageError
 from lockwarden.modes import Mode
@@ -138,6 +139,13 @@ def token(value: object) -> int:
     return value
 
 
+@lru_cache(maxsize=1024)
+def _pair(lock_name: str, lock_mode: str | Mode) -> tuple[str, Mode]:
+    """A (name, mode) pair checked once: a program takes the same locks over and over,
+    and the checks cost a few microseconds a lock. (Only a pair that passes is kept.)"""
+    return name(lock_name), mode(lock_mode)
+
+
 def items(value: object) -> tuple[tuple[str, Mode], ...]:
     """The (name, mode) pairs of a multi-lock: at least one, each name once."""
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
@@ -146,7 +154,11 @@ def items(value: object) -> tuple[tuple[str, Mode], ...]:
     for item in value:
         if not isinstance(item, tuple | list) or len(item) != 2:
             raise LockUsageError(f"each item must be a (name, mode) pair, got {shown(item)}")
-        checked.append((name(item[0]), mode(item[1])))
+        lock_name, lock_mode = item
+        if isinstance(lock_name, str) and isinstance(lock_mode, str | Mode):  # hashable
+            checked.append(_pair(lock_name, lock_mode))
+        else:
+            checked.append((name(lock_name), mode(lock_mode)))
     if not checked:
         raise LockUsageError("a multi-lock needs at least one (name, mode) pair")
     seen: set[str] = set()
