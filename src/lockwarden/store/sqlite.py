@@ -101,18 +101,15 @@ _CONTENDED_KEPT = 1024
 """At most this many names are remembered as contended (a hint: one more is only
 tried with `TAKE_IDLE` first)."""
 
-_RELEASE = (
-    queries.RELEASE.rstrip()
-    + ", EXISTS (SELECT 1 FROM lw_waiters AS w WHERE w.name = lw_holders.name) AS queued"
-)
+_QUEUED = "EXISTS (SELECT 1 FROM lw_waiters AS w WHERE w.name = lw_holders.name)"
+"""Whether anyone waits for the name of a holder row being released."""
+
+_RELEASE = queries.RELEASE.rstrip() + f", {_QUEUED} AS queued"
 """`queries.RELEASE`, saying also whether anyone waits for each name: a release nobody
 waits for is one statement."""
 
 _RELEASE_IDLE = queries.SQLITE._replace(in_names="= :name").render(
-    queries.RELEASE.replace(
-        "RETURNING",
-        "AND NOT EXISTS (SELECT 1 FROM lw_waiters AS w WHERE w.name = lw_holders.name)\nRETURNING",
-    )
+    queries.RELEASE.replace("RETURNING", f"AND NOT {_QUEUED}\nRETURNING")
 )
 """The release of one name nobody waits for, as one statement in its own transaction: no
 row if anyone waits (or the lock was lost), and `_RELEASE`'s transaction decides. The name
@@ -437,7 +434,6 @@ class SQLiteBackend(SQLBackend):
         return found
 
     def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
-        params = {"session": session_id, "request": request_id, "names": names}
         # As `TAKE_IDLE` for an acquire: one statement where nobody waits.
         if (
             len(names) == 1
@@ -447,6 +443,7 @@ class SQLiteBackend(SQLBackend):
             )
         ):
             return 1
+        params = {"session": session_id, "request": request_id, "names": names}
 
         def work(run: Run) -> tuple[int, list[Told]]:
             gone = run(_RELEASE, params)
