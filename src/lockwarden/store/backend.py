@@ -104,7 +104,7 @@ class Pool(Generic[C]):
         """``work`` on an idle connection (a new one if none is idle), kept for the next.
 
         A plain call, not a context manager: this runs twice per lock and release,
-        and the generator behind a ``@contextmanager`` cost a few microseconds each.
+        and a ``@contextmanager`` makes a generator and its wrapper on every call.
         """
         if os.getpid() != self._pid:
             raise process.forked_from(self._pid)
