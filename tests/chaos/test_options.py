@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from chaos.__main__ import main
-from chaos.config import Config
 
 
 @pytest.mark.parametrize("option", ["--hold", "--think"])
@@ -20,20 +19,3 @@ def test_a_negative_sleep_is_refused(
     assert exit_.value.code == 2
     assert "--hold and --think are sleeps" in capsys.readouterr().err
     assert not history.exists()
-
-
-def test_the_pace_reaches_the_workers() -> None:
-    """Workers get the config as JSON: the pace must survive the trip."""
-    config = Config(
-        backend="sqlite",
-        url="x",
-        run_id="r",
-        seed=1,
-        duration=1,
-        history="h",
-        board="b",
-        hold=0.05,
-        think=0.005,
-    )
-    again = Config.from_json(config.to_json())
-    assert (again.hold, again.think) == (0.05, 0.005)
