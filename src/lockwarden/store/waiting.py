@@ -182,7 +182,8 @@ def acquire(backend: Backend, want: Want) -> Grant:
     except BaseException as exc:  # even a failed call may have committed
         _abandon(want.abandon, request_id, names, exc)
         raise
-    if first.status == "granted" and not (first.reclaimed and want.lock_delay):
+    whole = len(first.tokens) == len(names)  # else partly taken back: `_granted` decides
+    if first.status == "granted" and whole and not (first.reclaimed and want.lock_delay):
         _report_reclaim(first, names)
         return request_id, first.tokens
     steps = acquire_steps(
@@ -239,10 +240,8 @@ def acquire_steps(
                 )
                 attempt = yield Call(partial(backend.acquire, request))
             if attempt.status == "granted":
-                _report_reclaim(attempt, names)
-                if attempt.reclaimed and want.lock_delay:
-                    yield Wait(want.lock_delay, woken=False)
-                return request_id, attempt.tokens
+                tokens = yield from _granted(want, attempt)
+                return request_id, tokens
             if attempt.status == "lost":
                 left_rows = queued  # this attempt changed nothing; an earlier one may have queued
                 raise want.lost()
@@ -271,6 +270,31 @@ def acquire_steps(
         if left_rows:
             yield Call(partial(_abandon, want.abandon, request_id, names, exc))
         raise
+
+
+def _granted(want: Want, attempt: Attempt) -> Steps[Mapping[str, int]]:
+    """The tokens of a granted attempt, after the lock delay of a reclaim; `LockLost` if
+    the grant is no longer whole (and the caller gives back what is left)."""
+    if len(attempt.tokens) < len(want.items):
+        raise _taken_back(want, attempt)
+    _report_reclaim(attempt, [name for name, _ in want.items])
+    if attempt.reclaimed and want.lock_delay:
+        yield Wait(want.lock_delay, woken=False)
+    return attempt.tokens
+
+
+def _taken_back(want: Want, attempt: Attempt) -> LockLost:
+    """A multi-lock granted by a release, then partly taken away before the request
+    looked: reclaimed from its session, expired meanwhile, or broken by an
+    administrator. The request holds only some of its names, which is no grant."""
+    missing = [name for name, _ in want.items if name not in attempt.tokens]
+    return LockLost(
+        f"{describe(want.items)}: a release granted every lock of this request, but "
+        f"{', '.join(map(repr, missing))} had been taken over before the request learned "
+        "of the grant (its session expired, or an administrator broke the lock); the "
+        "rest was given back. Acquire again.",
+        name=missing[0],
+    )
 
 
 def _deadlock(want: Want, attempt: Attempt) -> Deadlock:
