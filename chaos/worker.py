@@ -196,10 +196,11 @@ class Worker:
         except LockError:
             if len(items) > 1:  # a multi-lock refused must have left nothing held
                 names = [name for name, _ in items]
+                pending = _settled(session, self.config.ttl)
                 client.perform(
                     "held",
                     lambda: _held_by(self.store, session, names),
-                    lambda held: {"held": held},
+                    lambda held: {"held": held, "releasing": pending},
                     names=names,
                 )
             self.board.set(self.slot, Board.IDLE)
@@ -250,6 +251,20 @@ class Worker:
             name=name,
             token=token,
         )
+
+
+def _settled(session: Session, ttl: float) -> int:
+    """Wait up to ``ttl`` for the session's releases retried in the background to be
+    confirmed (`Session.releasing`); how many are still pending.
+
+    A refused request whose clean-up met an outage is removed by such a retry, and
+    its rows count as held until then: only a look taken with none pending can
+    tell that the refusal left something held.
+    """
+    deadline = time.monotonic() + ttl
+    while (pending := session.releasing) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pending
 
 
 def _held_by(store: Store, session: Session, names: list[str]) -> list[str]:

@@ -183,7 +183,11 @@ def test_a_multi_lock_granted_or_refused_in_part_is_seen() -> None:
     story.op("b", "acquire", 0.0, 0.2, "fail", locks=[["n0", "write"], ["n1", "read"]])
     story.op("b", "held", 0.3, 0.4, names=["n0", "n1"], result={"held": ["n1"]})
     story.op("c", "held", 0.3, 0.4, names=["n0", "n1"], result={"held": []})
-    assert violations(story.final({})) == {"partial_multi_locks": 2}
+    # A look while a release is still retried in the background proves nothing: the
+    # refused request's clean-up may be that release.
+    story.op("d", "held", 0.3, 0.4, names=["n0", "n1"], result={"held": ["n0"], "releasing": 1})
+    story.op("e", "held", 0.3, 0.4, names=["n0", "n1"], result={"held": ["n0"], "releasing": 0})
+    assert violations(story.final({})) == {"partial_multi_locks": 3}
 
 
 def test_locks_left_after_clean_are_seen() -> None:
