@@ -19,6 +19,7 @@ import MySQLdb
 import pytest
 
 import lockwarden
+from lockwarden import LockTimeout
 from lockwarden.store import Store
 from lockwarden.store.backend import AcquireRequest
 from lockwarden.store.mysql import DIALECT, bucket
@@ -45,6 +46,33 @@ def test_the_shared_text_is_rewritten_where_mariadb_differs() -> None:
     assert "CAST(NULL AS CHAR)" in DIALECT.render(CLEAN[2])
     for sql in (IN_THE_WAY, DEADLOCK_EDGES):  # every parameter is bound, none spliced
         assert "%(session)s" in DIALECT.render(sql) or "%(name)s" in DIALECT.render(sql)
+
+
+def _token_counter(mysql_url: str) -> int:
+    with MySQLdb.connect(**mysql_options(mysql_url)) as conn, conn.cursor() as cur:
+        cur.execute("SELECT value FROM lw_meta WHERE `key` = 'token'")
+        value: int = cur.fetchone()[0]
+        return value
+
+
+def test_a_free_name_is_granted_in_one_round_trip_and_a_taken_one_takes_no_token(
+    mysql_url: str,
+) -> None:
+    store = lockwarden.connect(mysql_url)
+    try:
+        holder, other = store.session(app_id="holder"), store.session(app_id="other")
+        before = store.stats["statements"]
+        lock = holder.lock("free")
+        assert store.stats["statements"] - before == 1
+        assert lock.token == _token_counter(mysql_url)
+        counter = _token_counter(mysql_url)
+        with pytest.raises(LockTimeout):
+            other.lock("free", timeout=0)
+        assert _token_counter(mysql_url) == counter  # the one-round-trip try wrote nothing
+        lock.release()
+        assert other.lock("free").token == counter + 1
+    finally:
+        store.close()
 
 
 def test_a_waiter_in_another_store_is_woken_by_its_doorbell(mysql_url: str) -> None:

@@ -159,6 +159,20 @@ _RESERVE: Final = "UPDATE lw_meta SET value = LAST_INSERT_ID(value + :n) WHERE k
 """The new value comes back with the reply (as an insert id): one round trip."""
 
 
+_TAKE_IDLE: Final = (
+    f"SET @lw_idle = ({queries.IDLE})",
+    "UPDATE lw_meta SET value = LAST_INSERT_ID(value + 1) WHERE key = 'token' AND @lw_idle",
+    "INSERT INTO lw_holders (request_id, name, mode, session_id, token, granted_at)"
+    " SELECT :request, :name, :mode, :session, LAST_INSERT_ID(), {now} FROM DUAL WHERE @lw_idle",
+    "SELECT @lw_idle AS idle, LAST_INSERT_ID() AS token",
+    "COMMIT",
+)
+"""`queries.TAKE_IDLE` as MySQL can send it in the round trip that opens the transaction and
+locks the name's bucket: decide (`queries.IDLE`), then take a token and insert the grant
+only if the name is free, say so, and commit. A name found taken wrote nothing; the full
+algorithm then decides in a transaction of its own."""
+
+
 _STEPS: Final = {
     1: [
         "INSERT INTO lw_meta (key, value) VALUES ('token', 0), ('seq', 0)",
@@ -426,6 +440,12 @@ class MySQLBackend(SQLBackend):
 
     def acquire(self, request: AcquireRequest) -> Attempt:
         self.stats.add("attempts")
+        if len(request.names) == 1 and not request.queued:
+            # A free name is granted in one round trip; if it is taken, the full algorithm
+            # decides (a queued request has been found blocked before: it goes there at once).
+            name = request.names[0]
+            if (token := self._take_idle(request, name)) is not None:
+                return Attempt("granted", {name: token})
         woken: set[str] = set()
 
         def work(conn: Connection, run: Run) -> tuple[Attempt, int]:
@@ -442,6 +462,34 @@ class MySQLBackend(SQLBackend):
         if rung:
             self._knock(_WAITING_PROCESS, {"names": sorted(woken)})
         return found
+
+    def _take_idle(self, request: AcquireRequest, name: str) -> int | None:
+        """`_TAKE_IDLE`: the token of a grant of a free name, or None if it is taken."""
+        text = "; ".join((_begin([name]), *map(self.dialect.render, _TAKE_IDLE)))
+        bound = _bound(
+            {
+                "session": request.session_id,
+                "request": request.request_id,
+                "name": name,
+                "mode": request.modes[0],
+            }
+        )
+
+        def work(conn: Connection) -> int | None:
+            self.stats.add("statements")
+            with conn.cursor() as cur:
+                cur.execute(text, bound)
+                answer = None
+                while True:
+                    if cur.description is not None:
+                        answer = cur.fetchall()  # the last rows sent are the answer
+                    if not cur.nextset():
+                        break
+            assert answer is not None  # `_TAKE_IDLE` ends with a SELECT and a COMMIT
+            idle, token = answer[0]["idle"], answer[0]["token"]
+            return int(token) if idle else None
+
+        return self._run(work)
 
     def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
         params = {"session": session_id, "request": request_id, "names": names}

@@ -145,13 +145,18 @@ whether nobody holds or waits for any of the names (then nothing can be in
 the way: the common, uncontended case skips `IN_THE_WAY`), and whether the
 server restarted since the last grant (design note, "Durability")."""
 
+IDLE: Final = f"""EXISTS (SELECT 1 FROM {{p}}lw_sessions AS s WHERE s.id = :session AND {LIVE})
+  AND NOT EXISTS (SELECT 1 FROM {{p}}lw_holders WHERE name = :name)
+  AND NOT EXISTS (SELECT 1 FROM {{p}}lw_waiters WHERE name = :name)
+  AND (SELECT value FROM {{p}}lw_meta WHERE key = 'started') = {{started}}"""
+"""Whether a single-name request may be granted at once, without the full algorithm: our
+session is live, nobody holds or waits for :name and the server did not restart since
+the last grant."""
+
 TAKE_IDLE: Final = f"""
 INSERT INTO {{p}}lw_holders (request_id, name, mode, session_id, token, granted_at)
 SELECT :request, :name, :mode, :session, {{token}}, {{now}}
-WHERE EXISTS (SELECT 1 FROM {{p}}lw_sessions AS s WHERE s.id = :session AND {LIVE})
-  AND NOT EXISTS (SELECT 1 FROM {{p}}lw_holders WHERE name = :name)
-  AND NOT EXISTS (SELECT 1 FROM {{p}}lw_waiters WHERE name = :name)
-  AND (SELECT value FROM {{p}}lw_meta WHERE key = 'started') = {{started}}
+WHERE {IDLE}
 RETURNING token
 """
 """The fast path of a single-name acquire: grant it if nobody holds or waits for the name,
