@@ -159,13 +159,19 @@ _RESERVE: Final = "UPDATE lw_meta SET value = LAST_INSERT_ID(value + :n) WHERE k
 """The new value comes back with the reply (as an insert id): one round trip."""
 
 
-_TAKE_IDLE: Final = (
-    f"SET @lw_idle = ({queries.IDLE})",
-    "UPDATE lw_meta SET value = LAST_INSERT_ID(value + 1) WHERE key = 'token' AND @lw_idle",
-    "INSERT INTO lw_holders (request_id, name, mode, session_id, token, granted_at)"
-    " SELECT :request, :name, :mode, :session, LAST_INSERT_ID(), {now} FROM DUAL WHERE @lw_idle",
-    "SELECT @lw_idle AS idle, LAST_INSERT_ID() AS token",
-    "COMMIT",
+_TAKE_IDLE: Final = "; ".join(
+    map(
+        DIALECT.render,
+        (
+            f"SET @lw_idle = ({queries.IDLE})",
+            "UPDATE lw_meta SET value = LAST_INSERT_ID(value + 1) WHERE key = 'token' AND @lw_idle",
+            "INSERT INTO lw_holders (request_id, name, mode, session_id, token, granted_at)"
+            " SELECT :request, :name, :mode, :session, LAST_INSERT_ID(), {now}"
+            " FROM DUAL WHERE @lw_idle",
+            "SELECT @lw_idle AS idle, LAST_INSERT_ID() AS token",
+            "COMMIT",
+        ),
+    )
 )
 """`queries.TAKE_IDLE` as MySQL can send it in the round trip that opens the transaction and
 locks the name's bucket: decide (`queries.IDLE`), then take a token and insert the grant
@@ -219,6 +225,9 @@ _SESSION_PROCESS: Final = (
 )
 _QUEUED: Final = "SELECT 1 AS queued FROM lw_waiters WHERE name {in_names} LIMIT 1"
 """A row if anyone waits for one of the names."""
+_RELEASE: Final = "; ".join(map(DIALECT.render, (queries.RELEASE, queries.DEQUEUE, _QUEUED)))
+"""After the bucket locks, a release's first request: the delete, the dequeue, and whether
+anyone waits (`MySQLBackend.release`)."""
 _RING: Final = "UPDATE lw_doorbells AS d SET rings = rings + 1 WHERE d.id <> :me AND ({who})"
 _LISTENING: Final = (
     "SELECT d.conn_id FROM lw_doorbells AS d"
@@ -465,31 +474,31 @@ class MySQLBackend(SQLBackend):
 
     def _take_idle(self, request: AcquireRequest, name: str) -> int | None:
         """`_TAKE_IDLE`: the token of a grant of a free name, or None if it is taken."""
-        text = "; ".join((_begin([name]), *map(self.dialect.render, _TAKE_IDLE)))
-        bound = _bound(
-            {
-                "session": request.session_id,
-                "request": request.request_id,
-                "name": name,
-                "mode": request.modes[0],
-            }
-        )
+        text = f"{_begin([name])}; {_TAKE_IDLE}"
+        bound = {
+            "session": request.session_id,
+            "request": request.request_id,
+            "name": name,
+            "mode": request.modes[0],
+        }
 
         def work(conn: Connection) -> int | None:
-            self.stats.add("statements")
-            with conn.cursor() as cur:
-                cur.execute(text, bound)
-                answer = None
-                while True:
-                    if cur.description is not None:
-                        answer = cur.fetchall()  # the last rows sent are the answer
-                    if not cur.nextset():
-                        break
-            assert answer is not None  # `_TAKE_IDLE` ends with a SELECT and a COMMIT
-            idle, token = answer[0]["idle"], answer[0]["token"]
-            return int(token) if idle else None
+            answer = self._each_result(conn, text, bound)[-2]  # before the COMMIT's
+            return int(answer[0]["token"]) if answer[0]["idle"] else None
 
         return self._run(work)
+
+    def _each_result(self, conn: Connection, text: str, bound: Params) -> list[list[Row]]:
+        """Send statements joined by ``;`` as one request (one round trip); the rows of
+        each, in order (none for a statement that returns no rows)."""
+        self.stats.add("statements")
+        found: list[list[Row]] = []
+        with conn.cursor() as cur:
+            cur.execute(text, bound)
+            while True:
+                found.append(list(cur.fetchall()) if cur.description else [])
+                if not cur.nextset():
+                    return found
 
     def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
         params = {"session": session_id, "request": request_id, "names": names}
@@ -497,29 +506,15 @@ class MySQLBackend(SQLBackend):
         # grant and any queue entries, and asks whether anyone waits for the names.
         # Holding the names' locks, no waiter can queue unseen before the commit:
         # a release nobody waits for is that and its commit.
-        text = "; ".join(
-            (
-                _begin(names),
-                self.dialect.render(queries.RELEASE),
-                self.dialect.render(queries.DEQUEUE),
-                self.dialect.render(_QUEUED),
-            )
-        )
+        text = f"{_begin(names)}; {_RELEASE}"
         bound = _bound(params)
         sent = 0
 
         def work(conn: Connection) -> tuple[int, list[Told], int]:
             nonlocal sent
             sent += 1
-            self.stats.add("statements")
-            found: list[int] = []  # rows each statement returned
-            with conn.cursor() as cur:
-                cur.execute(text, bound)
-                while True:
-                    found.append(len(cur.fetchall()) if cur.description else 0)
-                    if not cur.nextset():
-                        break
-            released, queued = found[-3], found[-1]
+            found = self._each_result(conn, text, bound)
+            released, queued = len(found[-3]), len(found[-1])
             told: list[Told] = []
             rung = 0
             if queued:
