@@ -343,3 +343,31 @@ def test_relaxed_is_refused_where_a_restart_of_the_machine_cannot_be_seen(
     with pytest.raises(LockUsageError, match="relaxed durability needs to know when"):
         connect(url, durability="relaxed")
     connect(url).close()  # durable: the counter is on disk before a token is handed out
+
+
+def test_stores_opened_at_once_on_a_new_file_all_open(tmp_path: Any) -> None:
+    """Turning a new file to WAL needs it alone, and SQLite does not wait for that
+    (no busy handler): processes opening a new store together saw 'database is
+    locked'. Each opening must wait its turn instead."""
+    for round_ in range(40):
+        assert _open_at_once(f"sqlite:///{tmp_path}/{round_}.db", 8) == []
+
+
+def _open_at_once(target: str, count: int) -> list[BaseException]:
+    """Open ``count`` stores on ``target`` from as many threads at once; what they raised."""
+    start = threading.Barrier(count)
+    failures: list[BaseException] = []
+
+    def open_one() -> None:
+        start.wait()
+        try:
+            connect(target).close()
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return failures

@@ -230,6 +230,27 @@ def _bind(key: str, value: object) -> object:
     return "".join(value) if key == "modes" else json.dumps(value)
 
 
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """Put the store's file in WAL mode (kept in the file: after the first time, a no-op).
+
+    The switch needs the file to itself, and SQLite returns 'database is
+    locked' at once rather than run the busy handler for it: processes that
+    open a new store together would fail. Each tries again instead, within
+    `BUSY_TIMEOUT`, until one has switched the file.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT
+    pause = 0.001
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, POLL_MAX)
+
+
 def _create_private(url: StoreURL) -> None:
     """Create the store's file, if missing, readable and writable by its owner only.
 
@@ -302,7 +323,7 @@ class SQLiteBackend(SQLBackend):
             self.url.target, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
         )
         conn.row_factory = _dict_row
-        conn.execute("PRAGMA journal_mode = WAL")
+        _use_wal(conn)
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         return conn
 
