@@ -137,16 +137,28 @@ def test_grant_decisions_match_the_model(store: Store) -> None:
                 if request in self.queued:
                     self.queued.remove(request)
                 return
+            holds = any(h.session == request.session for h in self.held)
+            # PostgreSQL queues a write request at once, without reading what is in its
+            # way, when a live session holds the name and nothing else can be at stake.
+            [(name, mode)] = request.items if len(request.items) == 1 else [("", "")]
+            at_once = (
+                isinstance(backend, PostgresBackend)
+                and enqueue
+                and not request.order
+                and not holds
+                and mode == "X"
+                and self.cap(name, mode) == 1
+                and any(n == name for h in self.held for n, _ in h.items)
+            )
             if enqueue and not request.order:
                 request.order = next(order)
                 self.queued.append(request)
-            holds = any(h.session == request.session for h in self.held)
             if enqueue and holds and self.closes_cycle(request.session):
                 assert got.status == "deadlock", got
                 self.queued.remove(request)
             else:
                 assert got.status == "blocked", got
-                assert got.rows
+                assert got.rows is None if at_once else got.rows, got
 
         # -- the rules -----------------------------------------------------------------
 

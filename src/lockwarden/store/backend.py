@@ -162,10 +162,13 @@ class Attempt(NamedTuple):
     """The fencing token of each name (granted)."""
     reclaimed: bool = False
     """Rows of dead holders were removed on the way (granted or blocked)."""
-    rows: tuple[Row, ...] = ()
-    """What is in the way (blocked): `queries.IN_THE_WAY` rows."""
+    rows: tuple[Row, ...] | None = ()
+    """What is in the way (blocked): `queries.IN_THE_WAY` rows; None if the attempt queued
+    the request without reading them (`queries.BLOCKED_BY_LIVE`), at ``seq``."""
     edges: tuple[tuple[str, str], ...] = ()
     """The waits-for edges reachable from our session (deadlock)."""
+    seq: int | None = None
+    """The request's place in the queue (blocked, without rows)."""
 
     @classmethod
     def from_dict(cls, found: Mapping[str, Any]) -> Attempt:
@@ -173,8 +176,9 @@ class Attempt(NamedTuple):
             status=found["status"],
             tokens=dict(found.get("tokens") or {}),
             reclaimed=bool(found.get("reclaimed")),
-            rows=tuple(found.get("rows") or ()),
+            rows=tuple(found["rows"]) if "rows" in found else None,
             edges=tuple((src, dst) for src, dst in found.get("edges") or ()),
+            seq=found.get("seq"),
         )
 
 

@@ -232,14 +232,29 @@ CREATE OR REPLACE FUNCTION {schema}.lw_lock(
 AS $fn$
 DECLARE
     _now double precision;
+    _names text[];
+    _modes text[];
+    _seq bigint;
 BEGIN
     {relax}
     PERFORM pg_advisory_xact_lock({key}, {bucket("_name")});
     _now := date_part('epoch', clock_timestamp());
     {d.render(queries.TAKE_IDLE)}
     INTO _token;
-    IF _token IS NULL THEN  -- not the simple case: the full algorithm decides
-        _result := {schema}.lw_acquire(_session, _request, ARRAY[_name], ARRAY[_mode],
+    IF _token IS NOT NULL THEN
+        RETURN;
+    END IF;
+    _names := ARRAY[_name];
+    _modes := ARRAY[_mode];
+    IF _enqueue AND ({d.render(queries.BLOCKED_BY_LIVE)}) THEN
+        -- Certainly blocked, by a live holder: queue, and let the waiter read what is in
+        -- its way later, outside the name's lock (design note, "Acquire", step 8).
+        _seq := nextval('{schema}.lw_queue_seq');
+        {d.render(queries.INSERT_WAITERS)};
+        PERFORM set_config('synchronous_commit', 'off', true);  -- only a queue entry
+        _result := jsonb_build_object('status', 'blocked', 'seq', _seq);
+    ELSE  -- the full algorithm decides
+        _result := {schema}.lw_acquire(_session, _request, _names, _modes,
                                       _enqueue, _refuse, _wait, _relaxed);
     END IF;
 END

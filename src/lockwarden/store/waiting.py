@@ -38,9 +38,8 @@ from lockwarden.errors import (
     LockTimeout,
 )
 from lockwarden.modes import Mode
-from lockwarden.store import process
+from lockwarden.store import process, queries
 from lockwarden.store.backend import AcquireRequest, Attempt, Backend, Row, random_hex
-from lockwarden.store.queries import EXPIRE_SESSION
 from lockwarden.store.status import holder_of
 from lockwarden.store.validate import MAX_WAIT
 from lockwarden.store.wakeups import Subscription, Wakeups, Woken
@@ -249,21 +248,22 @@ def acquire_steps(
                 left_rows = False  # the attempt removed its own queue entries
                 raise _deadlock(want, attempt)
             left_rows = queued = enqueue
-            if (yield from _expire_gone(backend, attempt.rows)):
+            until = yield from _until(backend, want, attempt, deadline)
+            if until is None:
                 attempt = None  # look again
                 continue
-            blocked = _judge(attempt.rows, want.max_hold)
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise _timeout(want, blocked)
+            remaining, look_again = until
             if not listening:
                 listening = True
                 yield Listen(frozenset(names), request_id, since, epoch)
-            woken = yield from _wait(backend, attempt.rows, _min(remaining, blocked.recheck))
+            woken = yield from _wait(backend, attempt.rows or (), _min(remaining, look_again))
             if isinstance(woken, tuple) and len(woken) == len(names):
                 backend.stats.add("handed")  # granted by a release: no attempt needed
                 return request_id, dict(zip(names, woken, strict=True))
-            attempt = None
+            if attempt.rows is None and not woken:
+                attempt = yield Call(partial(_look, backend, want, request_id, attempt))
+            else:
+                attempt = None
     except GeneratorExit:
         raise
     except BaseException as exc:
@@ -312,6 +312,55 @@ def _deadlock(want: Want, attempt: Attempt) -> Deadlock:
     )
 
 
+def _until(
+    backend: Backend, want: Want, attempt: Attempt, deadline: float | None
+) -> Steps[tuple[float | None, float | None] | None]:
+    """How long a blocked request may wait, and when it must look again at the latest
+    (None: no limit), after judging what is in its way; None to attempt again at once
+    (holders in the way were found gone). Raises the typed failure of a request that must
+    not wait (`_judge`), or whose time is up."""
+    if attempt.rows is None:  # queued without reading what is in the way: see `_look`
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return remaining, PID_POLL if want.max_hold is None else 0.0  # a hold too long: now
+    if (yield from _expire_gone(backend, attempt.rows)):
+        return None
+    blocked = _judge(attempt.rows, want.max_hold)
+    remaining = None if deadline is None else deadline - time.monotonic()
+    if remaining is not None and remaining <= 0:
+        raise _timeout(want, blocked)
+    return remaining, blocked.recheck
+
+
+def _look(backend: Backend, want: Want, request_id: str, queued: Attempt) -> Attempt | None:
+    """What is in the way of a request that queued without looking (`queries.BLOCKED_BY_LIVE`)
+    and has waited `PID_POLL` (or to its deadline) without a grant: as a blocked attempt
+    would have found it, or None to make an attempt instead.
+
+    Most such waits end in a grant before anything needs judging, so the rows are read
+    only now, on their own, outside the name's lock that every release of the name
+    waits for. Being read outside it, they may be out of date, as any rows are by the
+    time a waiter wakes: they decide how to wait, never a grant. A holder gone stale
+    meanwhile (to be reclaimed), or nothing in the way at all, is for an attempt to
+    settle: it takes the name's lock.
+    """
+    rows = tuple(
+        row
+        for name, mode in want.items
+        for row in backend.query(
+            queries.IN_THE_WAY,
+            {
+                "request": request_id,
+                "name": name,
+                "mode": mode.value,
+                "seq": queued.seq,
+                "refuse": want.refuse,
+            },
+        )
+    )
+    stale = not want.refuse and any(r["kind"] == "holder" and not r["live"] for r in rows)
+    return None if stale or not rows else Attempt("blocked", rows=rows)
+
+
 def _wait(backend: Backend, rows: Sequence[Row], look_again: float | None) -> Steps[Woken]:
     """Wait until woken, or ``look_again`` seconds (None: no limit); say what ended it.
 
@@ -335,7 +384,7 @@ def _expire_gone(backend: Backend, rows: Sequence[Row]) -> Steps[bool]:
     (design note, "A holder whose process is gone"); whether there were any."""
     gone = {r["session_id"] for r in rows if r["live"] and process.gone(r)}
     for session_id in sorted(gone):
-        yield Call(partial(backend.change, EXPIRE_SESSION, {"session": session_id}))
+        yield Call(partial(backend.change, queries.EXPIRE_SESSION, {"session": session_id}))
     return bool(gone)
 
 
