@@ -138,11 +138,11 @@ def test_grant_decisions_match_the_model(store: Store) -> None:
                     self.queued.remove(request)
                 return
             holds = any(h.session == request.session for h in self.held)
-            # PostgreSQL queues a write request at once, without reading what is in its
-            # way, when a live session holds the name and nothing else can be at stake.
+            # PostgreSQL and MySQL queue a write request at once, without reading what is
+            # in its way, when a live session holds the name and nothing else is at stake.
             [(name, mode)] = request.items if len(request.items) == 1 else [("", "")]
             at_once = (
-                isinstance(backend, PostgresBackend)
+                isinstance(backend, PostgresBackend | MySQLBackend)
                 and enqueue
                 and not request.order
                 and not holds

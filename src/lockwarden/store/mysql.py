@@ -168,15 +168,23 @@ _TAKE_IDLE: Final = "; ".join(
             "INSERT INTO lw_holders (request_id, name, mode, session_id, token, granted_at)"
             " SELECT :request, :name, :mode, :session, LAST_INSERT_ID(), {now}"
             " FROM DUAL WHERE @lw_idle",
-            "SELECT @lw_idle AS idle, LAST_INSERT_ID() AS token",
+            f"SET @lw_queue = :enqueue AND NOT @lw_idle AND ({queries.BLOCKED_BY_LIVE})",
+            "UPDATE lw_meta SET value = LAST_INSERT_ID(value + 1) WHERE key = 'seq' AND @lw_queue",
+            "INSERT INTO lw_waiters"
+            " (request_id, name, mode, session_id, seq, enqueued_at, expires_at)"
+            " SELECT :request, :name, :mode, :session, LAST_INSERT_ID(), {now}, {now} + :wait"
+            " FROM DUAL WHERE @lw_queue",
+            "SELECT @lw_idle AS idle, @lw_queue AS queued, LAST_INSERT_ID() AS value",
             "COMMIT",
         ),
     )
 )
 """`queries.TAKE_IDLE` as MySQL can send it in the round trip that opens the transaction and
 locks the name's bucket: decide (`queries.IDLE`), then take a token and insert the grant
-only if the name is free, say so, and commit. A name found taken wrote nothing; the full
-algorithm then decides in a transaction of its own."""
+only if the name is free; or, if the request would wait and is certainly blocked by a live
+holder with nothing else at stake (`queries.BLOCKED_BY_LIVE`), take a seq and queue it, as
+PostgreSQL's `lw_lock` does; say which (the value is the token, or the seq), and commit.
+Otherwise nothing was written, and the full algorithm decides in a transaction of its own."""
 
 
 _STEPS: Final = {
@@ -449,12 +457,12 @@ class MySQLBackend(SQLBackend):
 
     def acquire(self, request: AcquireRequest) -> Attempt:
         self.stats.add("attempts")
-        if len(request.names) == 1 and not request.queued:
-            # A free name is granted in one round trip; if it is taken, the full algorithm
-            # decides (a queued request has been found blocked before: it goes there at once).
-            name = request.names[0]
-            if (token := self._take_idle(request, name)) is not None:
-                return Attempt("granted", {name: token})
+        # A free name is granted in one round trip, and the common wait queued in it;
+        # otherwise the full algorithm decides (a queued request has been found blocked
+        # before: it goes there at once).
+        single = len(request.names) == 1 and not request.queued
+        if single and (found := self._take_idle(request, request.names[0])) is not None:
+            return found
         woken: set[str] = set()
 
         def work(conn: Connection, run: Run) -> tuple[Attempt, int]:
@@ -472,19 +480,26 @@ class MySQLBackend(SQLBackend):
             self._knock(_WAITING_PROCESS, {"names": sorted(woken)})
         return found
 
-    def _take_idle(self, request: AcquireRequest, name: str) -> int | None:
-        """`_TAKE_IDLE`: the token of a grant of a free name, or None if it is taken."""
+    def _take_idle(self, request: AcquireRequest, name: str) -> Attempt | None:
+        """`_TAKE_IDLE`: the grant of a free name, the request queued without the rows in
+        its way, or None if neither (nothing was written)."""
         text = f"{_begin([name])}; {_TAKE_IDLE}"
         bound = {
             "session": request.session_id,
             "request": request.request_id,
             "name": name,
             "mode": request.modes[0],
+            "enqueue": request.enqueue,
+            "wait": request.wait,
         }
 
-        def work(conn: Connection) -> int | None:
-            answer = self._each_result(conn, text, bound)[-2]  # before the COMMIT's
-            return int(answer[0]["token"]) if answer[0]["idle"] else None
+        def work(conn: Connection) -> Attempt | None:
+            [answer] = self._each_result(conn, text, bound)[-2]  # before the COMMIT's
+            if answer["idle"]:
+                return Attempt("granted", {name: int(answer["value"])})
+            if answer["queued"]:
+                return Attempt("blocked", rows=None, seq=int(answer["value"]))
+            return None
 
         return self._run(work)
 
