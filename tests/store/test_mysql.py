@@ -10,6 +10,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,6 +72,38 @@ def test_a_free_name_is_granted_in_one_round_trip_and_a_taken_one_takes_no_token
         assert _token_counter(mysql_url) == counter  # the one-round-trip try wrote nothing
         lock.release()
         assert other.lock("free").token == counter + 1
+    finally:
+        store.close()
+
+
+def test_only_a_name_fought_over_queues_its_wait_in_the_first_round_trip(mysql_url: str) -> None:
+    """A calm name's acquire does not pay for the queueing shortcut; a blocked attempt
+    marks the name fought over, and the next wait on it is queued in one round trip;
+    a grant found free makes it calm again."""
+    store = lockwarden.connect(mysql_url)
+    try:
+        h, w1, w2 = (store.session(app_id=a) for a in ("h", "w1", "w2"))
+        lock = h.lock("job")
+
+        def attempt(session: lockwarden.store.Session) -> tuple[int, Any]:
+            before = store.stats["statements"]
+            found = store._backend.acquire(
+                AcquireRequest(
+                    session.id, secrets.token_hex(16), ("job",), ("X",), True, False, 30.0
+                )
+            )
+            return store.stats["statements"] - before, found.rows
+
+        sent, rows = attempt(w1)  # calm: the try, then the full algorithm
+        assert sent > 1 and [r["app_id"] for r in rows] == ["h"]
+        assert attempt(w2) == (1, None)  # fought over: queued in the first round trip
+        assert [w.app_id for w in store.waiters("job")] == ["w1", "w2"]
+        lock.release()  # granted to w1
+        w1.close()
+        w2.close()
+        free = h.lock("job")  # found free: calm again
+        free.release()
+        assert "job" not in store._backend._contended  # type: ignore[attr-defined]
     finally:
         store.close()
 
@@ -163,6 +196,8 @@ def test_killed_connections_are_replaced_and_the_doorbell_rehung(mysql_url: str)
         lock = holder.lock("job")
         got = Background(lambda: waiter.lock("job", timeout=30))
         wait_for(lambda: holder_store.waiters("job"), what="the waiter to queue")
+        # The waiter queues first and hangs its doorbell next: kill the listener too.
+        wait_for(lambda: waiter_store._backend._listen_conn, what="the doorbell to hang")
         _kill(_connections(database))
         wait_for(lambda: waiter_store.stats["listener_reconnects"] >= 1, what="a reconnect")
         lock.check()  # the session survived its connections
@@ -172,6 +207,35 @@ def test_killed_connections_are_replaced_and_the_doorbell_rehung(mysql_url: str)
     finally:
         holder_store.close()
         waiter_store.close()
+
+
+def test_a_doorbell_that_cannot_hang_at_first_slows_waiters_and_fails_none(
+    mysql_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listener's first connection is lost: waiters poll at its retries (as on
+    PostgreSQL without LISTEN) instead of failing with a `StoreError`."""
+    store = lockwarden.connect(mysql_url)
+    backend = store._backend
+    connect = backend._connect
+    failed: list[str] = []
+
+    def lost_once() -> Any:
+        if threading.current_thread().name == "lockwarden-doorbell" and not failed:
+            failed.append("lost")
+            raise backend._driver.OperationalError(2013, "Lost connection to server")
+        return connect()
+
+    monkeypatch.setattr(backend, "_connect", lost_once)
+    try:
+        holder, waiter = store.session(app_id="h"), store.session(app_id="w")
+        lock = holder.lock("job")
+        got = Background(lambda: waiter.lock("job", timeout=30))
+        wait_for(lambda: failed, what="the doorbell's first try")
+        lock.release()
+        assert got.result().token > lock.token
+        assert store.stats["listener_reconnects"] >= 1
+    finally:
+        store.close()
 
 
 def test_a_connection_killed_inside_an_acquire_leaves_nothing_half_done(mysql_url: str) -> None:

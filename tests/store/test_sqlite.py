@@ -149,7 +149,7 @@ def test_a_fought_over_attempt_waits_for_the_disk_only_if_it_grants(
     with connect(url) as store, store.session(app_id="a") as a, store.session(app_id="b") as b:
         backend = store._backend
         held = b.lock("x")
-        backend._contended.add("x")  # type: ignore[attr-defined]
+        backend._contended.note(["x"], fought=True)  # type: ignore[attr-defined]
         start = len(seen)
         waiting = Background(lambda: a.lock("x", timeout=10))
         wait_for(lambda: store.waiters("x"), what="a to queue")
@@ -158,7 +158,7 @@ def test_a_fought_over_attempt_waits_for_the_disk_only_if_it_grants(
         held.release()
         waiting.result().release()
 
-        backend._contended.add("x")  # type: ignore[attr-defined]
+        backend._contended.note(["x"], fought=True)  # type: ignore[attr-defined]
         start = len(seen)
         a.lock("x").release()  # free after all: granted by the relaxed attempt
         granted = [i for i, (_, sql) in enumerate(seen) if "INSERT INTO lw_holders" in sql]
@@ -275,7 +275,7 @@ def test_a_release_nobody_waits_for_is_one_statement_and_one_with_waiters_grants
         held = a.lock("r")
         waiting = Background(lambda: b.lock("r", timeout=10))
         wait_for(lambda: store.waiters("r"), what="b to queue")
-        store._backend._contended.clear()  # type: ignore[attr-defined]  # as if seen first here
+        store._backend._contended.note(["r"], fought=False)  # type: ignore[attr-defined]
         start = len(seen)
         held.release()
         granted = waiting.result()

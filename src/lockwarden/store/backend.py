@@ -80,6 +80,32 @@ class Stats:
             return self._counts.get(key, 0)
 
 
+class FoughtOver:
+    """The names a store has lately seen fought over: a hint for the backends that choose
+    client-side between two ways of the same attempt (SQLite, MySQL).
+
+    A name goes in when a release lets someone in or an attempt of it is
+    blocked, and out when an attempt finds it free. Only a choice of the
+    statements to send: never a question of who gets the lock. At most
+    `KEPT` names are remembered; one more is only treated as calm.
+    """
+
+    KEPT = 1024
+
+    def __init__(self) -> None:
+        self._names: set[str] = set()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._names
+
+    def note(self, names: Sequence[str], fought: bool) -> None:
+        """Remember whether ``names`` are fought over, as an acquire or a release just saw."""
+        if not fought:
+            self._names.difference_update(names)
+        elif len(self._names) < self.KEPT:
+            self._names.update(names)
+
+
 class Pool(Generic[C]):
     """Idle connections kept for reuse; a new one is opened whenever none is idle.
 

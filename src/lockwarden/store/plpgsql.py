@@ -248,7 +248,7 @@ BEGIN
     _modes := ARRAY[_mode];
     IF _enqueue AND ({d.render(queries.BLOCKED_BY_LIVE)}) THEN
         -- Certainly blocked, by a live holder: queue, and let the waiter read what is in
-        -- its way later, outside the name's lock (design note, "Acquire", step 8).
+        -- its way later, outside the name's lock (design note, "Acquire").
         _seq := nextval('{schema}.lw_queue_seq');
         {d.render(queries.INSERT_WAITERS)};
         PERFORM set_config('synchronous_commit', 'off', true);  -- only a queue entry

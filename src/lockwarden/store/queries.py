@@ -165,22 +165,22 @@ and the full algorithm decides (the state read, `IN_THE_WAY`, reclaim, queueing)
 a granted request finds its own row on the name and goes the full way too (step 3)."""
 
 BLOCKED_BY_LIVE: Final = f"""
-EXISTS (SELECT 1 FROM {{p}}lw_sessions AS s WHERE s.id = :session AND {LIVE})
-  AND :mode = 'X'
-  AND NOT EXISTS (SELECT 1 FROM {{p}}lw_waiters WHERE request_id = :request)
-  AND NOT EXISTS (SELECT 1 FROM {{p}}lw_holders WHERE session_id = :session)
-  AND coalesce((SELECT write_permits FROM {{p}}lw_permits WHERE name = :name), 1) = 1
-  AND EXISTS (SELECT 1 FROM {{p}}lw_holders AS h JOIN {{p}}lw_sessions AS s ON s.id = h.session_id
-              WHERE h.name = :name AND {LIVE})
+EXISTS (SELECT 1 FROM {{p}}lw_holders AS h JOIN {{p}}lw_sessions AS s ON s.id = h.session_id
+        WHERE h.name = :name AND {LIVE})
   AND NOT EXISTS (SELECT 1 FROM {{p}}lw_holders AS h JOIN {{p}}lw_sessions AS s
-                  ON s.id = h.session_id WHERE h.name = :name AND NOT {LIVE})"""
-"""Whether a single-name write request that `IDLE` did not admit is certainly blocked, with
-nothing for the full algorithm to do but queue it: our session is live; the request is not
-queued yet (nor granted: our session holds nothing, so it has no grant to find and no
-deadlock to check); one writer at a time may hold the name; and a live session
-holds it, and no dead one (nothing to reclaim or refuse over). Such a request may queue at
-once and read what is in its way later, outside the name's lock (design note, "Acquire",
-step 8)."""
+                  ON s.id = h.session_id WHERE h.name = :name AND NOT {LIVE})
+  AND :mode = 'X'
+  AND coalesce((SELECT write_permits FROM {{p}}lw_permits WHERE name = :name), 1) = 1
+  AND EXISTS (SELECT 1 FROM {{p}}lw_sessions AS s WHERE s.id = :session AND {LIVE})
+  AND NOT EXISTS (SELECT 1 FROM {{p}}lw_waiters WHERE request_id = :request)
+  AND NOT EXISTS (SELECT 1 FROM {{p}}lw_holders WHERE session_id = :session)"""
+"""Whether a single-name write request is certainly blocked, with nothing for the full
+algorithm to do but queue it: a live session holds the name, and no dead one (nothing to
+reclaim or refuse over); one writer at a time may hold it; our session is live; and the
+request is not queued yet (nor granted: our session holds nothing, so it has no grant to
+find and no deadlock to check). Such a request may queue at once and read what is in its
+way later, outside the name's lock (design note, "Acquire"). Never true with `IDLE` (that
+needs nobody holding the name), and false at its first condition for a free name."""
 
 GRANTED: Final = """
 SELECT name, token FROM {p}lw_holders

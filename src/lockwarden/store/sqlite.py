@@ -40,6 +40,7 @@ from lockwarden.store.backend import (
     TAG_LENGTH,
     AcquireRequest,
     Attempt,
+    FoughtOver,
     Opening,
     Params,
     Pool,
@@ -96,10 +97,6 @@ _TAKE_IDLE = queries.SQLITE.render(queries.TAKE_IDLE)
 
 _MOVE_SEQ = "UPDATE {p}lw_meta SET value = value + 1 WHERE key = 'seq'"
 """A write that is sure to change a page (`SQLiteBackend._make_durable`)."""
-
-_CONTENDED_KEPT = 1024
-"""At most this many names are remembered as contended (a hint: one more is only
-tried with `TAKE_IDLE` first)."""
 
 _QUEUED = "EXISTS (SELECT 1 FROM lw_waiters AS w WHERE w.name = lw_holders.name)"
 """Whether anyone waits for the name of a holder row being released."""
@@ -314,8 +311,10 @@ class SQLiteBackend(SQLBackend):
         self._outbox.setblocking(False)
         self._poller: threading.Thread | None = None
         self._poller_lock = threading.Lock()
-        self._contended: set[str] = set()
-        """Names to acquire without trying `TAKE_IDLE` first (`_note_contended`)."""
+        self._contended = FoughtOver()
+        """Names to acquire without trying `TAKE_IDLE` first: it takes the write lock only
+        to find a name fought over taken, and the full attempt then takes it again (under
+        4 processes on one lock that cost 15-30% of the acquisitions per second)."""
         self._migrate((), _STEPS, opening, _note_boot)
 
     def _connect(self, synchronous: str) -> sqlite3.Connection:
@@ -449,7 +448,7 @@ class SQLiteBackend(SQLBackend):
             if fought and not self.relaxed and found.status == "granted":
                 self._make_durable()
             if single:
-                self._note_contended(request.names, found.status != "granted")
+                self._contended.note(request.names, found.status != "granted")
         self.wakeups.wake(woken)
         self._poke(told)
         return found
@@ -477,7 +476,7 @@ class SQLiteBackend(SQLBackend):
             return len(gone), grant(run, names, _ENGINE)
 
         deleted, told = self._in_transaction(work, durable=not self.relaxed)
-        self._note_contended(names, bool(told))
+        self._contended.note(names, bool(told))
         self._poke(told)  # after the commit: a woken waiter holds its grant
         return deleted
 
@@ -497,22 +496,6 @@ class SQLiteBackend(SQLBackend):
             for r in rows
             if not r["session_id"].endswith(tag)
         ]
-
-    def _note_contended(self, names: Sequence[str], contended: bool) -> None:
-        """Remember whether ``names`` are fought over, as an acquire or a release just saw.
-
-        `TAKE_IDLE` takes the write lock only to find a contended name taken,
-        and the full attempt then takes it again: under 4 processes on one
-        lock that cost 15-30% of the acquisitions per second. So a name whose
-        release let someone in, or whose attempt was blocked, goes straight
-        to the full attempt, until an attempt finds it free again. (Only a
-        choice between two ways of the same attempt: never a question of
-        who gets the lock.)
-        """
-        if not contended:
-            self._contended.difference_update(names)
-        elif len(self._contended) < _CONTENDED_KEPT:
-            self._contended.update(names)
 
     # -- wake-ups from other processes -----------------------------------------------
 
