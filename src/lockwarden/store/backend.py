@@ -202,7 +202,7 @@ class Attempt(NamedTuple):
             status=found["status"],
             tokens=dict(found.get("tokens") or {}),
             reclaimed=bool(found.get("reclaimed")),
-            rows=tuple(found["rows"]) if "rows" in found else None,
+            rows=None if "seq" in found else tuple(found.get("rows") or ()),
             edges=tuple((src, dst) for src, dst in found.get("edges") or ()),
             seq=found.get("seq"),
         )
