@@ -197,9 +197,12 @@ def release(w: World, data: st.DataObject) -> Undo:
 
 
 def shared_lock(w: World, data: st.DataObject) -> Undo:
-    handle = w.me.Lock(data.draw(names), data.draw(modes))
+    name = data.draw(names)
+    handle = w.me.Lock(name, data.draw(modes))
     blocking = data.draw(st.one_of(st.booleans(), junk))
-    timeout = data.draw(st.one_of(st.just(-1), timeouts))
+    # -1 is "no limit" here: valid, and on a busy name a wait for ever.
+    forever = st.just(-1) if name not in BUSY else st.nothing()
+    timeout = data.draw(st.one_of(forever, timeouts.filter(lambda t: name not in BUSY or t != -1)))
     return handle.release if handle.acquire(blocking, timeout) else _nothing
 
 
