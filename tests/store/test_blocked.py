@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
-import lockwarden
 from lockwarden import HeldTooLong, LockLost, LockTimeout, Mode
 from lockwarden.store import Session, Store, waiting
 from lockwarden.store.backend import AcquireRequest, Attempt
@@ -20,15 +19,9 @@ from tests.conftest import stop_heartbeat
 
 @pytest.fixture(params=["pg_url", "mysql_url"])
 def url(request: pytest.FixtureRequest) -> str:
+    """The backends with the shortcut (`store` and `connect` are the shared fixtures)."""
     value: str = request.getfixturevalue(request.param)
     return value
-
-
-@pytest.fixture
-def store(url: str) -> Iterator[Store]:
-    s = lockwarden.connect(url)
-    yield s
-    s.close()
 
 
 def _attempt(session: Session, name: str, mode: str = "X", request: str | None = None) -> Attempt:
@@ -145,14 +138,17 @@ def test_a_retry_of_a_queued_request_reads_what_is_in_its_way(store: Store) -> N
         assert [r["app_id"] for r in again.rows or ()] == ["h"]
 
 
-def test_a_waiter_queued_without_reading_learns_what_is_in_its_way(store: Store, url: str) -> None:
+def test_a_waiter_queued_without_reading_learns_what_is_in_its_way(
+    store: Store, connect: Callable[..., Store]
+) -> None:
     with store.session(app_id="h") as h, store.session(app_id="w") as w:
         h.lock("line")
         with pytest.raises(LockTimeout) as caught:
             w.lock("line", timeout=0.6)
         assert [b.app_id for b in caught.value.blockers] == ["h"]
         assert store.waiters("line") == []
-        with lockwarden.connect(url, max_hold=0.1) as strict, strict.session(app_id="s") as s:
+        strict = connect(max_hold=0.1)
+        with strict.session(app_id="s") as s:
             warm = Subscription(frozenset(), "")  # the first to wait is woken once: not s
             strict._backend.wakeups.add(warm)
             strict._backend.wakeups.remove(warm)

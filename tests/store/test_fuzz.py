@@ -201,8 +201,8 @@ def shared_lock(w: World, data: st.DataObject) -> Undo:
     handle = w.me.Lock(name, data.draw(modes))
     blocking = data.draw(st.one_of(st.booleans(), junk))
     # -1 is "no limit" here: valid, and on a busy name a wait for ever.
-    forever = st.just(-1) if name not in BUSY else st.nothing()
-    timeout = data.draw(st.one_of(forever, timeouts.filter(lambda t: name not in BUSY or t != -1)))
+    limited = timeouts.filter(lambda t: t != -1)
+    timeout = data.draw(limited if name in BUSY else st.one_of(st.just(-1), timeouts))
     return handle.release if handle.acquire(blocking, timeout) else _nothing
 
 

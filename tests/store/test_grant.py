@@ -9,11 +9,10 @@ from __future__ import annotations
 import itertools
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
-import lockwarden
 from lockwarden import Deadlock, LockLost, LockTimeout
 from lockwarden.store import Session, Store, waiting
 from lockwarden.store.backend import AcquireRequest
@@ -25,13 +24,6 @@ from tests.conftest import Background, Child, pg_admin, stop_heartbeat, wait_for
 def url(request: pytest.FixtureRequest) -> str:
     value: str = request.getfixturevalue(request.param)
     return value
-
-
-@pytest.fixture
-def store(url: str) -> Iterator[Store]:
-    s = lockwarden.connect(url)
-    yield s
-    s.close()
 
 
 def enqueue(session: Session, items: dict[str, str], wait: float | None = None) -> str:

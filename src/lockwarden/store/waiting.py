@@ -333,8 +333,8 @@ def _until(
 
 def _look(backend: Backend, want: Want, request_id: str, queued: Attempt) -> Attempt | None:
     """What is in the way of a request that queued without looking (`queries.BLOCKED_BY_LIVE`)
-    and has waited `PID_POLL` (or to its deadline) without a grant: as a blocked attempt
-    would have found it, or None to make an attempt instead.
+    and has waited `PID_POLL` (or to its deadline; with a ``max_hold``, not at all) without
+    a grant: as a blocked attempt would have found it, or None to make an attempt instead.
 
     Most such waits end in a grant before anything needs judging, so the rows are read
     only now, on their own, outside the name's lock that every release of the name
