@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import secrets
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -398,3 +400,76 @@ def test_stray_notifications_on_the_grant_channel_harm_nobody(store: Store, pg_s
         assert store.waiters("stray")  # nobody was fooled into holding it
         held.release()
         assert waiting.result(timeout=5).token > held.token
+
+
+def test_the_lock_calls_are_prepared_again_where_the_server_forgot_them(store: Store) -> None:
+    """The hot path's prepared statements (`pgconn.Connections.call`) are made again on a
+    connection whose prepared statements are gone (a pooler's reset, DEALLOCATE)."""
+    with store.session(app_id="prep") as s:
+        first = s.lock("prep")
+        first.release()
+        store._backend._connections.run(  # type: ignore[attr-defined]
+            lambda conn: conn.execute("DEALLOCATE ALL"), lambda: None
+        )
+        second = s.lock("prep")
+        assert second.token > first.token
+        second.release()
+        assert store.locks() == []
+
+
+def test_names_in_any_script_and_waits_without_limit_travel_intact(store: Store) -> None:
+    name = "ключ/日本語 ✓ 'quoted' \"double\" {brace}, comma\\slash"
+    with store.session(app_id="a") as a, store.session(app_id="b") as b:
+        held = a.lock(name)
+        waiting = Background(lambda: b.lock(name, timeout=None))
+        wait_for(lambda: len(store.waiters(name)) == 1, what="the waiter to queue")
+        [entry] = store.waiters(name)
+        assert (entry.name, entry.expires_in) == (name, None)
+        held.release()
+        granted = waiting.result()
+        assert granted.token > held.token
+        [holder] = store.locks(name)
+        assert (holder.name, holder.token) == (name, granted.token)
+        granted.release()
+
+
+def test_ctrl_c_interrupts_a_lock_call_the_server_has_not_answered(
+    pg_url: str, pg_schema: str
+) -> None:
+    """The prepared calls wait for the server in a poll that lets a signal's handler run:
+    Ctrl-C ends a lock call stuck in the server (here behind another transaction on the
+    name's advisory lock) at once, not when the server answers. (The backend's call
+    alone: `Session.lock` would then give the request back, which waits for the name.)"""
+    key = plpgsql.lock_key(pg_schema)
+    code = (
+        "import os, sys, lockwarden\n"
+        "from lockwarden.store.backend import AcquireRequest\n"
+        "store = lockwarden.connect(sys.argv[1])\n"
+        "s = store.session(app_id='sigint')\n"
+        "s.lock('warm').release()\n"
+        "print('ready', flush=True)\n"
+        "try:\n"
+        "    store._backend.acquire(\n"
+        "        AcquireRequest(s.id, 'r' * 32, ('stuck',), ('X',), True, False, 60.0))\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', flush=True)\n"
+        "    os._exit(0)\n"
+    )
+    with pg_admin() as blocker:
+        blocker.execute("BEGIN")
+        blocker.execute(
+            "SELECT pg_advisory_xact_lock(%s, (hashtextextended('stuck', 0) & %s)::integer)",
+            (key, plpgsql.BUCKETS - 1),
+        )
+        child = subprocess.Popen(
+            [sys.executable, "-c", code, pg_url], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert child.stdout is not None and child.stdout.readline() == "ready\n"
+            backend_pid(f"%{pg_schema}.lw_lock%")  # the call waits inside the server
+            child.send_signal(signal.SIGINT)
+            out, _ = child.communicate(timeout=10)  # the blocker still holds the name
+        finally:
+            child.kill()
+            blocker.execute("ROLLBACK")
+    assert out == "interrupted\n"

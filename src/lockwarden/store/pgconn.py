@@ -18,16 +18,24 @@ after `RETRY_DELAYS`, each scaled by a random factor (`jittered`), so that a
 fleet of clients does not come back in step after a restart. Then the caller
 gets one `StoreError` naming the store (without password) and the cause, with
 every form of the password removed from the driver's message.
+
+The lock functions, the hot path, are called through the driver's libpq layer
+(`Connections.call`): a prepared statement, text parameters, its one row as
+text. The wire carries what a cursor would send (Bind, Execute, Sync), and the
+call releases the GIL while it waits; what it skips is the cursor's parameter
+adaptation, generator-driven I/O and row loading, most of the client's CPU per
+lock call (the store's design note, "Cost").
 """
 
 from __future__ import annotations
 
 import os
+import select
 import threading
 import time
 from collections.abc import Callable
 from contextlib import closing
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from lockwarden.errors import StoreError
 from lockwarden.store import process
@@ -36,6 +44,7 @@ from lockwarden.store.url import StoreURL, import_psycopg
 
 if TYPE_CHECKING:
     import psycopg
+    from psycopg.pq.abc import PGresult
     from psycopg_pool import ConnectionPool
 
     Connection = psycopg.Connection[dict[str, Any]]
@@ -50,6 +59,19 @@ POOL_IDLE = 60.0
 """Seconds an idle pooled connection above the first is kept."""
 RETRY_DELAYS = (0.05, 0.2, 0.8)
 """Pauses (before jitter) before each retry of a statement that failed transiently."""
+
+TextArgs = list[bytes | None]
+"""A prepared statement's parameters, as UTF-8 text (None for NULL)."""
+TextRow = tuple[bytes | None, ...]
+"""One row of a prepared statement, as UTF-8 text (None for NULL)."""
+
+
+class Prepared(NamedTuple):
+    """A statement `Connections.call` prepares once per connection, under ``name``."""
+
+    name: bytes
+    text: bytes
+
 
 _TRANSIENT = ("08", "57P", "53300", "40001", "40P01")
 """SQLSTATEs (or their classes) worth another try: connection failures, the server
@@ -77,7 +99,12 @@ class Connections:
         from psycopg.rows import dict_row  # noqa: PLC0415  (an optional dependency)
         from psycopg_pool import ConnectionPool  # noqa: PLC0415
 
-        self._kwargs: dict[str, Any] = {"autocommit": True, "row_factory": dict_row}
+        # UTF-8 on the wire whatever the database's encoding: `call` encodes and decodes so.
+        self._kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "row_factory": dict_row,
+            "client_encoding": "UTF8",
+        }
         # Fails fast, with the server's reason, when the store cannot be reached at
         # all; then serves the first statement (the migration) while the pool opens.
         self._first: Connection | None = self.connect()
@@ -150,6 +177,54 @@ class Connections:
                 on_retry()
                 time.sleep(jittered(delay))
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def call(self, conn: Connection, statement: Prepared, args: TextArgs) -> TextRow:
+        """Run ``statement`` on ``conn`` with text ``args``: its one row, as text values.
+
+        It is prepared on the connection the first time the server says it does not
+        know it (SQLSTATE 26000), so a connection new to the pool, or one whose
+        prepared statements the server forgot, needs no bookkeeping here. A failure is
+        raised as the driver's own exception, which `run` judges as any other.
+        """
+        pq = self._psycopg.pq
+        pgconn = conn.pgconn
+        # None is NULL, as in the driver's own calls (its stub for this one omits it).
+        name, values = statement.name, cast("list[bytes]", args)
+        result = self._exchange(conn, lambda: pgconn.send_query_prepared(name, values))
+        if result.error_field(pq.DiagnosticField.SQLSTATE) == b"26000":
+            prepared = self._exchange(conn, lambda: pgconn.send_prepare(name, statement.text))
+            if prepared.status != pq.ExecStatus.COMMAND_OK:
+                raise self._psycopg.errors.error_from_result(prepared)
+            result = self._exchange(conn, lambda: pgconn.send_query_prepared(name, values))
+        if result.status != pq.ExecStatus.TUPLES_OK:
+            raise self._psycopg.errors.error_from_result(result)
+        return tuple(result.get_value(0, i) for i in range(result.nfields))
+
+    def _exchange(self, conn: Connection, send: Callable[[], None]) -> PGresult:
+        """``send`` one request with libpq's asynchronous calls and wait for its result
+        in `select.poll`: a signal's handler runs meanwhile (Ctrl-C interrupts the wait,
+        as it does a cursor's), where the blocking ``PQexecPrepared`` would stay deaf for
+        as long as the server is silent. A connection left mid-statement is closed by
+        the pool when it comes back."""
+        pgconn = conn.pgconn
+        send()
+        poll = select.poll()
+        poll.register(pgconn.socket, select.POLLIN | select.POLLOUT)
+        while pgconn.flush():  # the request did not fit into the socket at once
+            poll.poll()
+            pgconn.consume_input()  # what the server sent meanwhile, as libpq asks
+        poll.modify(pgconn.socket, select.POLLIN)
+        last: PGresult | None = None
+        while True:
+            pgconn.consume_input()
+            if pgconn.is_busy():
+                poll.poll()
+            elif (result := pgconn.get_result()) is not None:
+                last = result
+            elif last is None:
+                raise self._psycopg.OperationalError("the server sent no result")
+            else:
+                return last
 
     def error(self, exc: BaseException) -> StoreError:
         """The `StoreError` for a driver's failure: the store and the cause, no secret.

@@ -11,10 +11,12 @@ request id, so a retried acquire is recognised rather than granted twice.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 from collections.abc import Callable, Sequence
 from functools import cache
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from lockwarden import hooks
 from lockwarden.store import plpgsql, queries
@@ -31,7 +33,7 @@ from lockwarden.store.backend import (
     jittered,
     random_hex,
 )
-from lockwarden.store.pgconn import Connections, describe
+from lockwarden.store.pgconn import Connections, Prepared, TextArgs, TextRow, describe
 from lockwarden.store.url import StoreURL, import_psycopg
 
 if TYPE_CHECKING:
@@ -54,9 +56,13 @@ _ACQUIRE = (
     "SELECT {p}lw_acquire(:session, :request, :names::text[], :modes::text[],"
     " :enqueue, :refuse, :wait, :relaxed) AS result"
 )
-# The hot path's statements: positional parameters, text made once per backend.
-_LOCK = "SELECT * FROM {schema}.lw_lock(%s, %s, %s, %s, %s, %s, %s, %s)"
-_RELEASE = "SELECT {schema}.lw_release(%s, %s, %s::text[], %s)"
+# The hot path's statements, prepared once per connection (`pgconn.Connections.call`).
+_LOCK = (
+    "SELECT * FROM {schema}.lw_lock($1::text, $2::text, $3::text, $4::text,"
+    " $5::boolean, $6::boolean, $7::double precision, $8::boolean)"
+)
+_RELEASE_ONE = "SELECT {schema}.lw_release($1::text, $2::text, ARRAY[$3::text], $4::boolean)"
+_RELEASE = "SELECT {p}lw_release(:session, :request, :names::text[], :relaxed) AS released"
 
 
 class PostgresBackend(SQLBackend):
@@ -67,9 +73,10 @@ class PostgresBackend(SQLBackend):
         self.dialect = queries.postgres(url.schema)
         self.relaxed = relaxed
         self._tag = random_hex(TAG_LENGTH // 2)
-        self._tuple_row = self._psycopg.rows.tuple_row
-        self._lock_sql = _LOCK.format(schema=url.schema)
-        self._release_sql = _RELEASE.format(schema=url.schema)
+        self._lock = _prepared(_LOCK, url.schema)
+        self._release_one = _prepared(_RELEASE_ONE, url.schema)
+        self._release_many = self.dialect.render(_RELEASE)
+        self._relaxed = _BOOL[relaxed]
         self._closed = threading.Event()
         self._listening = threading.Event()
         self._listen_tried = threading.Event()
@@ -94,12 +101,10 @@ class PostgresBackend(SQLBackend):
         """Run ``work`` on a pooled connection, retried as `pgconn` says."""
         return self._connections.run(work, lambda: self.stats.add("retries"))
 
-    def _call(self, conn: Connection, text: str, params: tuple[object, ...]) -> tuple[Any, ...]:
-        """Call one of the lock functions: positional parameters, its one row as a tuple."""
+    def _call(self, conn: Connection, statement: Prepared, args: TextArgs) -> TextRow:
+        """Call one of the lock functions: prepared, text in and out (`Connections.call`)."""
         self.stats.add("statements")
-        row = conn.cursor(row_factory=self._tuple_row).execute(text, params).fetchone()
-        assert row is not None  # a function call returns one row
-        return tuple(row)
+        return self._connections.call(conn, statement, args)
 
     def _execute(self, conn: Connection, text: str, params: Params | None) -> list[Row]:
         self.stats.add("statements")
@@ -137,20 +142,21 @@ class PostgresBackend(SQLBackend):
         self.stats.add("attempts")
         if len(request.names) == 1:  # one name: a free one is granted by one insert
             name = request.names[0]
-            params = (
-                request.session_id,
-                request.request_id,
-                name,
-                request.modes[0],
-                request.enqueue,
-                request.refuse,
-                request.wait,
-                self.relaxed,
-            )
-            token, result = self._run(lambda conn: self._call(conn, self._lock_sql, params))
+            args = [
+                request.session_id.encode(),
+                request.request_id.encode(),
+                name.encode(),
+                request.modes[0].encode(),
+                _BOOL[request.enqueue],
+                _BOOL[request.refuse],
+                None if request.wait is None else repr(request.wait).encode(),
+                self._relaxed,
+            ]
+            token, result = self._run(lambda conn: self._call(conn, self._lock, args))
             if token is not None:
-                return Attempt("granted", {name: token})
-            return Attempt.from_dict(result)
+                return Attempt("granted", {name: int(token)})
+            assert result is not None  # lw_lock returns a token or an outcome
+            return Attempt.from_dict(json.loads(result))
         rows = self.query(
             _ACQUIRE,
             {
@@ -167,14 +173,20 @@ class PostgresBackend(SQLBackend):
         return Attempt.from_dict(rows[0]["result"])
 
     def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
-        params = (session_id, request_id, list(names), self.relaxed)
         sent = 0
 
         def work(conn: Connection) -> int:
             nonlocal sent
             sent += 1
-            deleted: int = self._call(conn, self._release_sql, params)[0]
-            return deleted
+            if len(names) == 1:  # the common case, prepared: no array to adapt
+                args = [session_id.encode(), request_id.encode(), names[0].encode()]
+                (count,) = self._call(conn, self._release_one, [*args, self._relaxed])
+                assert count is not None  # lw_release returns how many it deleted
+                return int(count)
+            params = {"session": session_id, "request": request_id, "names": list(names)}
+            rows = self._execute(conn, self._release_many, {**params, "relaxed": self.relaxed})
+            released: int = rows[0]["released"]
+            return released
 
         deleted = self._run(work)
         # A release resent after its connection dropped finds nothing when the
@@ -255,6 +267,16 @@ class PostgresBackend(SQLBackend):
         if self._listener is not None:
             self._listener.join(timeout=2 * _LISTEN_POLL + 1.0)
         self._connections.close()
+
+
+_BOOL = {True: b"t", False: b"f"}
+"""A boolean parameter of a prepared call, as text."""
+
+
+def _prepared(text: str, schema: str) -> Prepared:
+    """A hot-path statement of a schema, under a name that differs wherever its text does."""
+    body = text.format(schema=schema).encode()
+    return Prepared(b"lockwarden_" + hashlib.sha1(body).hexdigest()[:16].encode(), body)
 
 
 @cache
