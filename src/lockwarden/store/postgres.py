@@ -179,8 +179,13 @@ class PostgresBackend(SQLBackend):
             nonlocal sent
             sent += 1
             if len(names) == 1:  # the common case, prepared: no array to adapt
-                args = [session_id.encode(), request_id.encode(), names[0].encode()]
-                (count,) = self._call(conn, self._release_one, [*args, self._relaxed])
+                args: TextArgs = [
+                    session_id.encode(),
+                    request_id.encode(),
+                    names[0].encode(),
+                    self._relaxed,
+                ]
+                (count,) = self._call(conn, self._release_one, args)
                 assert count is not None  # lw_release returns how many it deleted
                 return int(count)
             params = {"session": session_id, "request": request_id, "names": list(names)}
