@@ -37,7 +37,7 @@ def test_an_older_waiter_looking_before_the_closer_checks_leaves_the_cycle_to_it
     older, closer = secrets.token_hex(16), secrets.token_hex(16)
     assert attempt(a, older, "L2").status == "blocked"  # no cycle yet
     with monkeypatch.context() as m:  # the closer has queued but not yet checked
-        m.setattr(backend, "_deadlock", lambda request: None)
+        m.setattr(backend, "_deadlock", lambda request, session: None)
         assert attempt(b, closer, "L1").status == "blocked"
     assert attempt(a, older, "L2").status == "blocked"  # not the older waiter's to break
     refused = attempt(b, closer, "L1")

@@ -11,6 +11,7 @@ Keys (``P`` is the URL's prefix, ``N`` a lock name percent-encoded, so that
 "/" only ever separates)::
 
     P/s/SESSION          session: app_id, host, pid, pid_start, ttl, lease  (on its lease)
+    P/e/SESSION          rewritten each time a request of the session ends  (on its lease)
     P/h/N/REQUEST        holder: name, mode, session, who, when   (no lease: see "reclaim")
     P/o/SESSION/N/REQUEST  the same holder, found by session       (no lease)
     P/w/N/REQUEST        waiter: name, mode, session, who, when, expires_at  (on the lease)
@@ -39,6 +40,7 @@ from lockwarden.store.etcdkv import (
     KV,
     Cluster,
     Op,
+    Txn,
     Watch,
     absent,
     delete,
@@ -77,6 +79,11 @@ class EtcdBackend(Backend):
         self._kv = Cluster(url, self.stats)
         self._p = url.schema + "/"
         self._leases: dict[str, int] = {}  # this process's sessions -> their lease ids
+        self._late: dict[str, int] = {}
+        """Sessions of this process that may have a grant or queue entry still on its way
+        (ETCD.md, "Writes that arrive late") -> the latest revision such a write was
+        decided on; the end of a request voids them (`_end`)."""
+        self._late_lock = threading.Lock()
         self._watch_lock = threading.Lock()
         self._watcher: Watch | None = None
         self._queries: dict[str, Callable[[Params], list[Row]]] = {
@@ -113,6 +120,9 @@ class EtcdBackend(Backend):
 
     def _session_key(self, session: str) -> str:
         return f"{self._p}s/{session}"
+
+    def _ends_key(self, session: str) -> str:
+        return f"{self._p}e/{session}"
 
     def _holder_key(self, name: str, request: str) -> str:
         return f"{self._p}h/{_q(name)}/{request}"
@@ -229,16 +239,21 @@ class EtcdBackend(Backend):
                 reclaimed = self._reclaim(dead) or reclaimed
                 continue
             if not rows:
-                attempt = self._grant(request, session, state.revision)
-                if attempt is None:
-                    continue
-                return Attempt("granted", tokens=attempt, reclaimed=reclaimed)
+                done = self._grant(request, session, state.revision)
+                if done.succeeded:
+                    tokens = dict.fromkeys(request.names, done.revision)
+                    return Attempt("granted", tokens=tokens, reclaimed=reclaimed)
+                continue
             if not request.enqueue:
+                if self._writes_on_their_way(request.session_id):  # void a copy of our grant
+                    self._end(
+                        request.session_id, request.request_id, request.names, session["lease"]
+                    )
                 return Attempt("blocked", reclaimed=reclaimed, rows=tuple(rows))
-            if seq is None and not self._enqueue(request, session):
-                return Attempt("lost")
+            if seq is None and not self._enqueue(request, session, state.revision):
+                continue
             if holds_any:
-                edges = self._deadlock(request)
+                edges = self._deadlock(request, session)
                 if edges is not None:
                     return Attempt("deadlock", edges=edges)
             return Attempt("blocked", reclaimed=reclaimed, rows=tuple(rows))
@@ -300,16 +315,24 @@ class EtcdBackend(Backend):
                 self.wakeups.wake({by_key[key]["name"] for key in left})
             resent = resent or done.resent
 
-    def _grant(
-        self, request: AcquireRequest, session: Mapping[str, Any], revision: int
-    ) -> dict[str, int] | None:
+    def _live_since(self, session_id: str, revision: int) -> list[Op]:
+        """Guards that the session is live and has ended no request since ``revision``: a
+        write sent before one of its requests ended fails if it arrives after (ETCD.md,
+        "Writes that arrive late")."""
+        return [
+            exists(self._session_key(session_id)),
+            unchanged_since(self._ends_key(session_id), revision),
+        ]
+
+    def _grant(self, request: AcquireRequest, session: Mapping[str, Any], revision: int) -> Txn:
         """Write the holder keys if nothing changed in the way since ``revision``.
 
-        The guard: our session's key still exists, and no holder key of any of the
-        names and no permits key was written after the state was read. Waiters that
-        queued since are behind us. The token is the revision of this very write.
+        The guard: our session's key still exists and it ended no request since,
+        and no holder key of any of the names and no permits key was written after
+        the state was read. Waiters that queued since are behind us. The token is
+        the revision of this very write.
         """
-        compare = [exists(self._session_key(request.session_id))]
+        compare = self._live_since(request.session_id, revision)
         ops: list[Op] = []
         for name, mode in zip(request.names, request.modes, strict=True):
             compare.append(unchanged_since(self._name_prefix("h", name), revision, under=True))
@@ -326,13 +349,12 @@ class EtcdBackend(Backend):
                 put(self._owner_key(request.session_id, name, request.request_id), name),
                 delete(self._waiter_key(name, request.request_id)),
             ]
-        done = self._kv.txn(ops, compare)
-        if not done.succeeded:
-            return None
-        return dict.fromkeys(request.names, done.revision)
+        return self._send_guarded(request.session_id, revision, ops, compare)
 
-    def _enqueue(self, request: AcquireRequest, session: Mapping[str, Any]) -> bool:
-        """Queue the request on every name (one revision: its place in each queue)."""
+    def _enqueue(self, request: AcquireRequest, session: Mapping[str, Any], revision: int) -> bool:
+        """Queue the request on every name (one revision: its place in each queue); False if
+        something changed since ``revision`` that calls for a new look: our session ended a
+        request or was lost, or this request was granted (a copy of its grant arrived)."""
         now = _now()
         expires = None if request.wait is None else now + request.wait
         ops = [
@@ -350,9 +372,36 @@ class EtcdBackend(Backend):
             )
             for name, mode in zip(request.names, request.modes, strict=True)
         ]
-        return self._kv.txn(ops, [exists(self._session_key(request.session_id))]).succeeded
+        compare = self._live_since(request.session_id, revision)
+        compare += [absent(self._holder_key(name, request.request_id)) for name in request.names]
+        return self._send_guarded(request.session_id, revision, ops, compare).succeeded
 
-    def _deadlock(self, request: AcquireRequest) -> tuple[tuple[str, str], ...] | None:
+    def _send_guarded(
+        self, session_id: str, revision: int, ops: Sequence[Op], compare: Sequence[Op]
+    ) -> Txn:
+        """Send a grant or a queue entry decided on the state read at ``revision``; if its
+        answer was lost (it was sent again, or no answer came), remember that a copy may
+        still arrive, so that the end of the session's next request voids it (`_end`)."""
+        try:
+            done = self._kv.txn(ops, compare)
+        except BaseException:
+            self._may_arrive(session_id, revision)
+            raise
+        if done.resent:
+            self._may_arrive(session_id, revision)
+        return done
+
+    def _may_arrive(self, session_id: str, revision: int) -> None:
+        with self._late_lock:
+            self._late[session_id] = max(revision, self._late.get(session_id, revision))
+
+    def _writes_on_their_way(self, session_id: str) -> bool:
+        with self._late_lock:
+            return session_id in self._late
+
+    def _deadlock(
+        self, request: AcquireRequest, session: Mapping[str, Any]
+    ) -> tuple[tuple[str, str], ...] | None:
         """The waits-for edges reachable from our session if it is on a cycle (our queue
         entries are then removed), else None (design note, "Deadlocks across sessions").
 
@@ -364,6 +413,8 @@ class EtcdBackend(Backend):
         the waiters it blocks refuse. A refusal rewrites ``P/g`` guarded by its
         revision as read: of two requests that refuse at once, the second's guard
         fails, it looks again, and finds the cycle gone with the first's queue entries.
+        The refusal ends the request: it also removes a grant of it that arrived late,
+        and voids any still to come (`_end`).
         """
         while True:
             found = self._kv.read(
@@ -386,29 +437,23 @@ class EtcdBackend(Backend):
             if _closed_by_another(request, keyed, edges, self._p + "w/", holding):
                 return None
             graph = found.kvs(4)
-            ops = [put(self._p + "g", found.revision)]
-            ops += [delete(self._waiter_key(n, request.request_id)) for n in request.names]
+            ops = [
+                put(self._p + "g", found.revision),
+                *self._request_keys_deleted(request.session_id, request.request_id, request.names),
+                put(self._ends_key(request.session_id), "", lease=session["lease"]),
+            ]
             guard = unchanged_since(self._p + "g", graph[0].mod if graph else 0)
-            if self._kv.txn(ops, [guard]).succeeded:
+            if self._kv.txn(ops, [guard, exists(self._session_key(request.session_id))]).succeeded:
                 mine = {request.session_id} | reach
                 return tuple((s, d) for s, d in edges if s in mine)
 
     # -- release ------------------------------------------------------------------------
 
     def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
-        ops = [
-            op
-            for name in names
-            for op in (
-                delete(self._holder_key(name, request_id)),
-                delete(self._waiter_key(name, request_id)),
-                delete(self._owner_key(session_id, name, request_id)),
-            )
-        ]
-        done = self._kv.txn(ops)
+        done = self._end(session_id, request_id, names, lease=self._leases.get(session_id))
         deleted = sum(
             1
-            for i in range(0, len(ops), 3)
+            for i in range(0, 3 * len(names), 3)
             for kv in done.deleted(i)
             if kv.value["session"] == session_id
         )
@@ -418,6 +463,39 @@ class EtcdBackend(Backend):
         ):  # the first send did it (design note, "Connection failures")
             return len(names)
         return deleted
+
+    def _request_keys_deleted(
+        self, session_id: str, request_id: str, names: Sequence[str]
+    ) -> list[Op]:
+        """Deletions of every key of one request: holder, waiter and index, name by name."""
+        return [
+            op
+            for name in names
+            for op in (
+                delete(self._holder_key(name, request_id)),
+                delete(self._waiter_key(name, request_id)),
+                delete(self._owner_key(session_id, name, request_id)),
+            )
+        ]
+
+    def _end(
+        self, session_id: str, request_id: str, names: Sequence[str], lease: int | None
+    ) -> Txn:
+        """End a request: delete its keys, and, if a grant or queue entry of its session may
+        still be on its way (`_send_guarded`), rewrite the session's ends key (on lease
+        ``lease``; None: a session of another process, or closed) while the session lives,
+        so that such a write fails its guard when it arrives (ETCD.md, "Writes that arrive
+        late"). One transaction: a copy applied before it is deleted, one applied after
+        fails. Without a write on its way, nothing can arrive late: only the deletions."""
+        ops = self._request_keys_deleted(session_id, request_id, names)
+        if lease is None or not self._writes_on_their_way(session_id):
+            return self._kv.txn(ops)
+        mark = put(self._ends_key(session_id), "", lease=lease)
+        done = self._kv.txn([*ops, mark], [exists(self._session_key(session_id))], ops)
+        with self._late_lock:  # writes decided on an earlier revision are void now
+            if not done.succeeded or self._late.get(session_id, done.revision) < done.revision:
+                self._late.pop(session_id, None)
+        return done
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -483,6 +561,8 @@ class EtcdBackend(Backend):
         """
         session = str(p["session"])
         lease = self._leases.pop(session, None)
+        with self._late_lock:
+            self._late.pop(session, None)
         if lease is not None:
             self._kv.revoke(lease)  # its session key and queue entries go with it
         names = self._drop_holders((session, n, r) for n, r in self._session_holders(session))

@@ -1,0 +1,173 @@
+"""Writes that reach the etcd cluster late change nothing.
+
+A request sent to a member that then stops answering (paused, cut off) is sent
+again to another member; the first copy may still be applied when the member
+comes back, after the client has moved on. Each test here applies such a copy
+itself, at the worst moment (ETCD.md, "Writes that arrive late"): the copy must
+fail, and nothing may be held or queued for a request that has ended.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+
+import pytest
+
+import lockwarden
+from lockwarden import Deadlock, StoreError
+from lockwarden.store import Store
+from lockwarden.store.etcd import EtcdBackend
+from lockwarden.store.etcdkv import Op, Txn, dec, scan
+from tests.conftest import Background, wait_for
+
+Send = tuple[Sequence[Op], Sequence[Op], Sequence[Op]]
+
+
+@pytest.fixture
+def store(etcd_url: str) -> Iterator[Store]:
+    opened = lockwarden.connect(etcd_url)
+    yield opened
+    opened.close()
+
+
+def _backend(store: Store) -> EtcdBackend:
+    backend = store._backend
+    assert isinstance(backend, EtcdBackend)
+    return backend
+
+
+def _writes(success: Sequence[Op], kind: str, backend: EtcdBackend) -> bool:
+    """Whether a transaction puts a key of ``kind`` ("h" holder, "w" waiter)."""
+    start = f"{backend.url.schema}/{kind}/"
+    return any(
+        dec(op["request_put"]["key"]).startswith(start) for op in success if "request_put" in op
+    )
+
+
+def _intercept(
+    backend: EtcdBackend, kind: str, send: Callable[[Callable[..., Txn], Send], Txn]
+) -> list[Send]:
+    """Record the next transaction that puts a key of ``kind``, sent through ``send``;
+    the list returned gets its arguments, for a test to apply again later."""
+    real = backend._kv.txn
+    sent: list[Send] = []
+
+    def txn(success: Sequence[Op], compare: Sequence[Op] = (), failure: Sequence[Op] = ()) -> Txn:
+        if sent or not _writes(success, kind, backend):
+            return real(success, compare, failure)
+        sent.append((success, compare, failure))
+        return send(real, sent[0])
+
+    backend._kv.txn = txn  # type: ignore[method-assign]
+    return sent
+
+
+def _answer_lost(real: Callable[..., Txn], args: Send) -> Txn:
+    """Applied, but its answer lost: the client sent it again (only then can a copy be late)."""
+    return dataclasses.replace(real(*args), resent=True)
+
+
+def _late(backend: EtcdBackend, sent: Send) -> Txn:
+    """The recorded transaction, as the member that held its first copy applies it now."""
+    return backend._kv.txn(*sent)
+
+
+@pytest.mark.parametrize("names", [("x",), ("n0", "n3")])
+def test_a_grant_applied_again_after_its_release_changes_nothing(
+    store: Store, names: tuple[str, ...]
+) -> None:
+    backend = _backend(store)
+    sent = _intercept(backend, "h", _answer_lost)
+    with store.session(app_id="a") as s:
+        s.lock_many([(name, "write") for name in names]).release()
+        assert not backend._writes_on_their_way(s.id)  # the release voided the copy
+        assert not _late(backend, sent[0]).succeeded
+        assert store.locks() == []
+
+
+def test_a_grant_that_got_no_answer_at_all_is_void_once_the_request_gives_up(
+    store: Store,
+) -> None:
+    """Every member was silent: the call fails, the request gives up and is cleaned up;
+    then the grant arrives."""
+    backend = _backend(store)
+
+    def silent(real: Callable[..., Txn], args: Send) -> Txn:
+        raise StoreError("no member answered (a test)")
+
+    sent = _intercept(backend, "h", silent)
+    with store.session(app_id="a") as s:
+        with pytest.raises(StoreError):
+            s.lock("x")
+        wait_for(lambda: s.releasing == 0, what="the clean-up confirmed")
+        assert not _late(backend, sent[0]).succeeded
+        assert store.locks("x") == []
+
+
+def test_writes_answered_at_once_leave_no_ends_key(store: Store) -> None:
+    """Nothing can arrive late, so a release is only its deletions."""
+    backend = _backend(store)
+    with store.session(app_id="a") as a, store.session(app_id="b") as b:
+        held = a.lock("x")
+        waiting = Background(lambda: b.lock("x", timeout=10))
+        wait_for(lambda: bool(store.waiters("x")), what="b queued")
+        held.release()
+        waiting.result().release()
+        found = backend._kv.read([scan(f"{backend.url.schema}/e/")])
+        assert found.kvs(0) == []
+
+
+def test_a_try_lock_whose_grant_went_unanswered_leaves_nothing_when_it_lands(
+    store: Store,
+) -> None:
+    """The first copy of the grant is held back; the name is taken meanwhile, so the resent
+    copy fails its guard and the try-lock gives up; then the first copy arrives."""
+    backend = _backend(store)
+    other = store.session(app_id="other")
+    taken = []
+
+    def unanswered(real: Callable[..., Txn], args: Send) -> Txn:
+        taken.append(other.lock("x"))  # while the first copy waits in a silent member
+        return dataclasses.replace(real(*args), resent=True)
+
+    sent = _intercept(backend, "h", unanswered)
+    with store.session(app_id="a") as s:
+        assert s.try_lock("x") is None
+        taken[0].release()
+        assert not _late(backend, sent[0]).succeeded
+        assert store.locks("x") == []
+        assert s.try_lock("x") is not None  # and the session can take it again
+    other.close()
+
+
+def test_a_queue_entry_applied_again_after_its_grant_is_not_left_queued(store: Store) -> None:
+    backend = _backend(store)
+    with store.session(app_id="a") as a, store.session(app_id="b") as b:
+        held = a.lock("x")
+        sent = _intercept(backend, "w", _answer_lost)
+        waiting = Background(lambda: b.lock("x", timeout=10))
+        wait_for(lambda: bool(store.waiters("x")), what="b queued")
+        held.release()
+        granted = waiting.result()
+        assert not _late(backend, sent[0]).succeeded
+        assert store.waiters("x") == []
+        granted.release()
+
+
+def test_a_queue_entry_applied_again_after_a_deadlock_refusal_is_not_left_queued(
+    store: Store,
+) -> None:
+    backend = _backend(store)
+    with store.session(app_id="a") as a, store.session(app_id="b") as b:
+        a.lock("p")
+        held = b.lock("q")
+        first = Background(lambda: a.lock("q", timeout=10))  # a waits for b
+        wait_for(lambda: bool(store.waiters("q")), what="a queued")
+        sent = _intercept(backend, "w", _answer_lost)
+        with pytest.raises(Deadlock):
+            b.lock("p", timeout=10)  # b would wait for a: refused
+        assert not _late(backend, sent[0]).succeeded
+        assert store.waiters("p") == []
+        held.release()
+        first.result().release()
