@@ -32,6 +32,7 @@ from typing import Any
 import requests
 from etcd3gw import exceptions
 from etcd3gw.client import Etcd3Client
+from urllib3.exceptions import NewConnectionError
 
 from lockwarden import hooks
 from lockwarden.errors import StoreError
@@ -163,6 +164,20 @@ class Txn:
         return [_kv(raw) for raw in found.get("prev_kvs", ())]
 
 
+def _maybe_applied(exc: exceptions.Etcd3Exception) -> bool:
+    """Whether a request that failed may still be applied by the cluster: unless the
+    member refused the connection (nothing was sent), it may. A connection reset after
+    the request went out (a member killed under it), a timeout (a paused member), or
+    etcd's 503 ("request timed out", "leader changed": the proposal was made) all leave
+    a request that the cluster can apply, even later (ETCD.md, "Writes that arrive late").
+    etcd3gw raises its own exception inside its handler of the `requests` one, whose
+    reason says what happened."""
+    failure = exc.__context__
+    if not isinstance(failure, requests.exceptions.ConnectionError) or not failure.args:
+        return True
+    return not isinstance(getattr(failure.args[0], "reason", None), NewConnectionError)
+
+
 class Cluster:
     """The members of one etcd cluster, tried in turn."""
 
@@ -195,8 +210,7 @@ class Cluster:
                 answer = member.post(member.get_url(path), json=body)
             except _RETRYABLE as exc:
                 cause = exc
-                # Refused: never sent. Anything else may have been applied.
-                resent = resent or not isinstance(exc, exceptions.ConnectionFailedError)
+                resent = resent or _maybe_applied(exc)
             except exceptions.Etcd3Exception as exc:
                 raise StoreError(
                     f"lock store {self.url.display}: etcd refused {path}: {exc}"
