@@ -46,6 +46,14 @@ def _read_then_drop(conn: socket.socket) -> None:
     conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
 
 
+def _answer_cut_short(conn: socket.socket) -> None:
+    conn.recv(65536)  # applied, say; the member dies halfway through its answer
+    conn.sendall(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n40\r\n" + b'{"header": {"revision": "7"},'
+    )
+
+
 def _read_then_hang(conn: socket.socket) -> None:
     conn.recv(65536)
     conn.recv(65536)  # until the client gives up and closes
@@ -54,6 +62,11 @@ def _read_then_hang(conn: socket.socket) -> None:
 @pytest.fixture
 def dropping() -> Iterator[int]:
     yield from _serve(_read_then_drop)
+
+
+@pytest.fixture
+def cut_short() -> Iterator[int]:
+    yield from _serve(_answer_cut_short)
 
 
 @pytest.fixture
@@ -89,3 +102,13 @@ def test_a_member_that_never_answers_may_have_applied_it(
 ) -> None:
     _, resent = _first_then(hanging, etcd_cluster).post("/kv/txn", {"success": [get("k")]})
     assert resent
+
+
+def test_an_answer_cut_short_is_asked_of_the_next_member(
+    cut_short: int, etcd_cluster: EtcdCluster
+) -> None:
+    """A member killed while it answered: the request may have been applied, and the call
+    goes on to the next member instead of failing with the HTTP library's error."""
+    found, resent = _first_then(cut_short, etcd_cluster).post("/kv/txn", {"success": [get("k")]})
+    assert resent
+    assert int(found["header"]["revision"]) > 0

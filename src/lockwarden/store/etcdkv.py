@@ -53,10 +53,12 @@ _RETRYABLE = (
     exceptions.ConnectionFailedError,
     exceptions.ConnectionTimeoutError,
     exceptions.InternalServerError,
+    requests.exceptions.RequestException,
 )
 """Failures another member (or the same one, after an election) may not have: the
-member is down, paused, partitioned, or has no leader. Anything else (a request
-etcd refuses) fails at once."""
+member is down, paused, partitioned, or has no leader, or its answer was cut short
+(a member killed while it answered: `requests`' own error, which etcd3gw lets
+through). Anything else (a request etcd refuses) fails at once."""
 
 Op = dict[str, Any]
 
@@ -164,15 +166,15 @@ class Txn:
         return [_kv(raw) for raw in found.get("prev_kvs", ())]
 
 
-def _maybe_applied(exc: exceptions.Etcd3Exception) -> bool:
+def _maybe_applied(exc: Exception) -> bool:
     """Whether a request that failed may still be applied by the cluster: unless the
     member refused the connection (nothing was sent), it may. A connection reset after
     the request went out (a member killed under it), a timeout (a paused member), or
     etcd's 503 ("request timed out", "leader changed": the proposal was made) all leave
     a request that the cluster can apply, even later (ETCD.md, "Writes that arrive late").
     etcd3gw raises its own exception inside its handler of the `requests` one, whose
-    reason says what happened."""
-    failure = exc.__context__
+    reason says what happened; an answer cut short comes as `requests`' own."""
+    failure = exc if isinstance(exc, requests.exceptions.RequestException) else exc.__context__
     if not isinstance(failure, requests.exceptions.ConnectionError) or not failure.args:
         return True
     return not isinstance(getattr(failure.args[0], "reason", None), NewConnectionError)
