@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 import pytest
 
 import lockwarden
-from lockwarden import Deadlock, StoreError
+from lockwarden import Deadlock, LockLost, StoreError
 from lockwarden.store import Store
 from lockwarden.store.etcd import EtcdBackend
 from lockwarden.store.etcdkv import Op, Txn, dec, scan
@@ -38,10 +38,14 @@ def _backend(store: Store) -> EtcdBackend:
 
 
 def _writes(success: Sequence[Op], kind: str, backend: EtcdBackend) -> bool:
-    """Whether a transaction puts a key of ``kind`` ("h" holder, "w" waiter)."""
+    """Whether a transaction puts or deletes a key of ``kind`` ("h" holder, "w" waiter, "f"
+    fence, "p" permits)."""
     start = f"{backend.url.schema}/{kind}/"
     return any(
-        dec(op["request_put"]["key"]).startswith(start) for op in success if "request_put" in op
+        dec(body["key"]).startswith(start)
+        for op in success
+        for body in (op.get("request_put"), op.get("request_delete_range"))
+        if body is not None
     )
 
 
@@ -171,3 +175,26 @@ def test_a_queue_entry_applied_again_after_a_deadlock_refusal_is_not_left_queued
         assert store.waiters("p") == []
         held.release()
         first.result().release()
+
+
+def test_a_fence_reset_applied_again_after_new_writes_forgets_nothing(store: Store) -> None:
+    """Forgetting the tokens written after the reset would let an older holder write."""
+    backend = _backend(store)
+    fence = store.fence("resource")
+    fence.write(7, "before")
+    sent = _intercept(backend, "f", _answer_lost)
+    assert store.reset_fence("resource") == 7
+    fence.write(3, "after")  # a holder after the reset
+    assert not _late(backend, sent[0]).succeeded
+    assert fence.state() == (3, "after")
+    with pytest.raises(LockLost):
+        fence.write(2, "older")
+
+
+def test_a_permits_change_applied_again_after_a_later_one_changes_nothing(store: Store) -> None:
+    backend = _backend(store)
+    sent = _intercept(backend, "p", _answer_lost)
+    store.set_permits("x", read=5, write=3, force=True)
+    store.set_permits("x", read=2, write=1, force=True)
+    assert not _late(backend, sent[0]).succeeded
+    assert store.permits("x") == (2, 1)

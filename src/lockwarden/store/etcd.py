@@ -629,13 +629,20 @@ class EtcdBackend(Backend):
     # -- permits, reads, fences ---------------------------------------------------------
 
     def _set_permits(self, p: Params) -> list[Names]:
+        """Set (or, to the defaults, delete) a name's permits key, as a compare-and-swap on
+        it: a copy of an earlier change that arrives late finds the key changed since and
+        fails, instead of bringing back caps an administrator had changed since (ETCD.md,
+        "Writes that arrive late")."""
         name = str(p["name"])
         key = f"{self._p}p/{_q(name)}"
-        if (p["read"], p["write"]) == (None, 1):
-            self._kv.txn([delete(key)])
-        else:
-            self._kv.txn([put(key, {"name": name, "read": p["read"], "write": p["write"]})])
-        return [[name]]
+        default = (p["read"], p["write"]) == (None, 1)
+        caps = {"name": name, "read": p["read"], "write": p["write"]}
+        change = delete(key) if default else put(key, caps)
+        while True:
+            found = self._kv.read([get(key)]).kvs(0)
+            guard = unchanged_since(key, found[0].mod) if found else absent(key)
+            if self._kv.txn([change], [guard]).succeeded:
+                return [[name]]
 
     def _permits(self, p: Params) -> list[Row]:
         found = self._kv.read([get(f"{self._p}p/{_q(str(p['name']))}")]).kvs(0)
@@ -786,10 +793,25 @@ class EtcdBackend(Backend):
         return None
 
     def _fence_reset(self, p: Params) -> list[Row]:
-        """`queries.FENCE_RESET`: the fence's key goes; its highest token comes back."""
+        """`queries.FENCE_RESET`: the fence's key goes; its highest token comes back.
+
+        Guarded by the key as read: a copy that arrives late, after holders wrote
+        through the fence again, must not forget their tokens (which would admit an
+        older holder's write; ETCD.md, "Writes that arrive late"). A copy resent after
+        its answer was lost finds the key gone: the first copy did it."""
         key = f"{self._p}f/{_q(str(p['resource']))}"
-        done = self._kv.txn([delete(key)])
-        return [{"token": kv.value["token"]} for kv in done.deleted(0)]
+        ours: list[Row] = []
+        while True:
+            found = self._kv.read([get(key)]).kvs(0)
+            if not found:
+                return ours
+            guard = [unchanged_since(key, found[0].mod), exists(key)]
+            done = self._kv.txn([delete(key)], guard)
+            ours = [{"token": found[0].value["token"]}]
+            if done.succeeded:
+                return ours
+            if not done.resent:
+                ours = []
 
     def _record_admin(self, p: Params) -> list[Row]:
         """`queries.RECORD_ADMIN`: a key of its own, with no lease (it outlives the session)."""
