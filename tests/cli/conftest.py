@@ -57,6 +57,14 @@ class Result:
         return f"<Result {self.status} out={self.out!r} err={self.err!r}>"
 
 
+def default_signals() -> None:
+    """Undo what the test run may have inherited: under ``nohup`` SIGHUP is ignored, and a
+    shell's background job ignores SIGINT and SIGQUIT; ignored signals stay ignored across
+    exec, so ``lockwarden run`` would rightly neither see nor forward them."""
+    for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 class Running:
     """A ``lockwarden`` started in the background; its output goes to files.
 
@@ -75,6 +83,7 @@ class Running:
                 stderr=err,
                 env=env,
                 start_new_session=True,  # no controlling terminal: signals come from the test
+                preexec_fn=default_signals,  # noqa: PLW1509  (three dispositions, no lock)
             )
         self.pid = self.proc.pid
 

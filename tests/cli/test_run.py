@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import lockwarden
-from tests.cli.conftest import LOCKWARDEN, Cli, alive, hold
+from tests.cli.conftest import LOCKWARDEN, Cli, alive, default_signals, hold
 from tests.conftest import wait_for
 
 
@@ -159,6 +159,13 @@ def test_a_frozen_run_loses_its_lock_to_a_waiter_and_stops_cmd_on_resume(cli: Cl
     assert holder.terminated()
 
 
+def _on_the_terminal() -> None:
+    """The pty becomes the controlling terminal, lockwarden's group its foreground, and
+    lockwarden hears SIGINT however the test run was started (`default_signals`)."""
+    default_signals()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT])
 def test_signals_reach_cmd_and_the_lock_is_released_after_it_ends(
     cli: Cli, signum: signal.Signals
@@ -202,8 +209,7 @@ def test_ctrl_c_on_a_terminal_reaches_cmd_once(cli: Cli) -> None:
             stderr=terminal,
             env=cli.env,
             start_new_session=True,
-            # The pty becomes the controlling terminal, lockwarden's group its foreground.
-            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),  # noqa: PLW1509
+            preexec_fn=_on_the_terminal,  # noqa: PLW1509
         )
         wait_for(started.exists, what="CMD to start")
         # lockwarden handles its copy only after CMD has handled its own: two
