@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
 
 import pytest
 
-import lockwarden
 from lockwarden.store import Store
 from lockwarden.store.backend import AcquireRequest
 from lockwarden.store.etcd import EtcdBackend
 
 
 @pytest.fixture
-def store(etcd_url: str) -> Iterator[Store]:
-    opened = lockwarden.connect(etcd_url)
-    yield opened
-    opened.close()
+def url(etcd_url: str) -> str:
+    """These tests are etcd's alone: the shared `store` fixture opens this URL."""
+    return etcd_url
 
 
 def test_a_grant_racing_the_close_of_its_session_is_not_left_behind(store: Store) -> None:

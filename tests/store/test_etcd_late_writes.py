@@ -10,11 +10,10 @@ fail, and nothing may be held or queued for a request that has ended.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
-import lockwarden
 from lockwarden import Deadlock, LockLost, StoreError
 from lockwarden.store import Store
 from lockwarden.store.etcd import EtcdBackend
@@ -25,10 +24,9 @@ Send = tuple[Sequence[Op], Sequence[Op], Sequence[Op]]
 
 
 @pytest.fixture
-def store(etcd_url: str) -> Iterator[Store]:
-    opened = lockwarden.connect(etcd_url)
-    yield opened
-    opened.close()
+def url(etcd_url: str) -> str:
+    """These tests are etcd's alone: the shared `store` fixture opens this URL."""
+    return etcd_url
 
 
 def _backend(store: Store) -> EtcdBackend:
