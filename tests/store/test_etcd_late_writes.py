@@ -157,6 +157,41 @@ def test_a_queue_entry_applied_again_after_its_grant_is_not_left_queued(store: S
         granted.release()
 
 
+def test_a_release_s_grant_applied_again_after_the_grantee_released_changes_nothing(
+    store: Store,
+) -> None:
+    """The release that grants the waiter is applied, its answer lost; the waiter holds and
+    releases; then the copy arrives. Its guard (the waiter's key as read) fails: the
+    copy neither grants again nor deletes anything that is not the first release's."""
+    backend = _backend(store)
+    with store.session(app_id="a") as a, store.session(app_id="b") as b:
+        held = a.lock("x")
+        waiting = Background(lambda: b.lock("x", timeout=10))
+        wait_for(lambda: bool(store.waiters("x")), what="b queued")
+        real = backend._kv.txn
+        sent: list[Send] = []
+
+        def txn(
+            success: Sequence[Op], compare: Sequence[Op] = (), failure: Sequence[Op] = ()
+        ) -> Txn:
+            if sent or not (
+                _writes(success, "h", backend) and any("request_put" in op for op in success)
+            ):
+                return real(success, compare, failure)
+            sent.append((success, compare, failure))
+            return _answer_lost(real, sent[0])
+
+        backend._kv.txn = txn  # type: ignore[method-assign]
+        held.release()  # applied, its answer lost: the client would have sent it again
+        granted = waiting.result()
+        assert store.stats["handed"] == 1
+        granted.release()
+        late = _late(backend, sent[0])
+        assert not late.succeeded
+        assert store.locks("x") == [] and store.waiters("x") == []
+        assert b.lock("x", timeout=5).token > granted.token
+
+
 def test_a_queue_entry_applied_again_after_a_deadlock_refusal_is_not_left_queued(
     store: Store,
 ) -> None:

@@ -14,7 +14,7 @@ Keys (``P`` is the URL's prefix, ``N`` a lock name percent-encoded, so that
     P/e/SESSION          rewritten each time a request of the session ends  (on its lease)
     P/h/N/REQUEST        holder: name, mode, session, who, when   (no lease: see "reclaim")
     P/o/SESSION/N/REQUEST  the same holder, found by session       (no lease)
-    P/w/N/REQUEST        waiter: name, mode, session, who, when, expires_at  (on the lease)
+    P/w/N/REQUEST        waiter: name, mode, names, session, who, when, expires_at  (on lease)
     P/p/N                permits of a name
     P/f/RESOURCE         fence: token, written, value
     P/g                  rewritten by every deadlock refusal (serializes them)
@@ -28,13 +28,13 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote, unquote
 
 from lockwarden.errors import StoreError
 from lockwarden.store import queries
-from lockwarden.store.backend import AcquireRequest, Attempt, Backend, Params, Row
+from lockwarden.store.backend import AcquireRequest, Attempt, Backend, FoughtOver, Params, Row
 from lockwarden.store.etcdkv import (
     CALL_BUDGET,
     KV,
@@ -43,6 +43,7 @@ from lockwarden.store.etcdkv import (
     Txn,
     Watch,
     absent,
+    as_read,
     delete,
     exists,
     get,
@@ -59,6 +60,10 @@ _MAX_LEASE = 9_000_000_000
 
 _BATCH = 128
 """Operations per clean-up transaction: etcd's default ``--max-txn-ops``."""
+
+_GUARDED = 64
+"""The most holders a release's grant checks are live (a comparison each, within
+``--max-txn-ops``); with more left on the name, the release grants nothing."""
 
 
 def _q(name: str) -> str:
@@ -84,6 +89,9 @@ class EtcdBackend(Backend):
         (ETCD.md, "Writes that arrive late") -> the latest revision such a write was
         decided on; the end of a request voids them (`_end`)."""
         self._late_lock = threading.Lock()
+        self._contended = FoughtOver()
+        """Names whose release reads the queue first: for the others, the release is
+        one transaction while nobody waits (`_hand_over`)."""
         self._watch_lock = threading.Lock()
         self._watcher: Watch | None = None
         self._queries: dict[str, Callable[[Params], list[Row]]] = {
@@ -157,11 +165,15 @@ class EtcdBackend(Backend):
                 " (is a majority of the cluster up?)"
             )
 
-    def _on_event(self, kind: str, key: str) -> None:
+    def _on_event(self, kind: str, key: str, created: int) -> None:
         """Wake the local waiters a change may let in: a holder or waiter gone, permits
-        changed; a session gone (its lease expired) may have left stale holders anywhere."""
+        changed; a session gone (its lease expired) may have left stale holders anywhere.
+        A holder key written is a grant: its request, if it waits here, holds the lock
+        with the key's creating revision as its token (a release's grant, `_hand_over`)."""
         part = key[len(self._p) :].split("/")
-        if (part[0] in ("h", "w") and kind == "DELETE") or part[0] == "p":
+        if part[0] == "h" and kind == "PUT":
+            self.wakeups.address(part[2], (created,))
+        elif (part[0] in ("h", "w") and kind == "DELETE") or part[0] == "p":
             self.wakeups.wake([unquote(part[1])])
         elif part[0] == "s" and kind == "DELETE":
             self.wakeups.wake_all()
@@ -227,7 +239,8 @@ class EtcdBackend(Backend):
                     waiters=waiters[name],
                     permits=permits[name],
                     seq=seq,
-                    request=request,
+                    request_id=request.request_id,
+                    refuse=request.refuse,
                     live=live,
                     now=now,
                 )
@@ -238,6 +251,8 @@ class EtcdBackend(Backend):
             if dead:
                 reclaimed = self._reclaim(dead) or reclaimed
                 continue
+            if len(request.names) == 1:
+                self._contended.note(request.names, bool(rows))
             if not rows:
                 done = self._grant(request, session, state.revision)
                 if done.succeeded:
@@ -363,6 +378,7 @@ class EtcdBackend(Backend):
                 {
                     "name": name,
                     "mode": mode,
+                    "names": len(request.names),
                     "session": request.session_id,
                     "at": now,
                     "expires_at": expires,
@@ -450,7 +466,10 @@ class EtcdBackend(Backend):
     # -- release ------------------------------------------------------------------------
 
     def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
-        done = self._end(session_id, request_id, names, lease=self._leases.get(session_id))
+        if len(names) == 1 and not self._writes_on_their_way(session_id):
+            done = self._hand_over(session_id, request_id, names[0])
+        else:
+            done = self._end(session_id, request_id, names, lease=self._leases.get(session_id))
         deleted = sum(
             1
             for i in range(0, 3 * len(names), 3)
@@ -463,6 +482,104 @@ class EtcdBackend(Backend):
         ):  # the first send did it (design note, "Connection failures")
             return len(names)
         return deleted
+
+    def _hand_over(self, session_id: str, request_id: str, name: str) -> Txn:
+        """Release one name and, in the same transaction, grant the waiters at the head of
+        its queue that the release lets in (ETCD.md, "Grant on release").
+
+        Nobody waiting, it is one transaction, conditional on the queue being empty;
+        if it is not, that transaction reads the queue instead of releasing. A name
+        this store has seen fought over is read first, without the conditional write.
+        The grant is guarded by what it was decided on: no holder key or permits of
+        the name written since, the other holders' sessions live, each grantee's
+        waiter key as read (so its request has not ended, and a copy of this
+        transaction that arrives late finds it gone) and its session live. If the
+        guard fails, the release alone is done, and the waiters, woken by it, look.
+        """
+        ops = self._request_keys_deleted(session_id, request_id, [name])
+        queue = [
+            scan(self._name_prefix("w", name)),
+            scan(self._name_prefix("h", name)),
+            get(f"{self._p}p/{_q(name)}"),
+        ]
+        resent = False
+        if name in self._contended:
+            state = self._kv.read(queue)
+        else:
+            state = self._kv.txn(ops, [absent(self._name_prefix("w", name), under=True)], queue)
+            if state.succeeded:
+                return state
+            resent = state.resent  # its first send may have released (and found no waiter)
+        self._contended.note([name], bool(state.kvs(0)))
+        grant, guard = self._let_in(name, self._holder_key(name, request_id), state)
+        if not grant:
+            done = self._kv.txn(ops)
+        else:
+            # The grant first: watchers see it before the deletions that wake the name's
+            # waiters, so its waiter is handed the lock instead of attempting.
+            done = self._kv.txn([*grant, *ops], guard, ops)
+            if done.succeeded:  # what the release deleted, first, as in any other
+                done = replace(done, responses=done.responses[len(grant) :])
+        return replace(done, resent=True) if resent else done
+
+    def _let_in(self, name: str, released: str, state: Txn) -> tuple[list[Op], list[Op]]:
+        """The writes that grant the first waiter of ``name`` whom the release of the holder
+        key ``released`` lets in, by the rules of an attempt (`_in_the_way`), and the guard
+        they need; no writes if there is nobody to let in.
+
+        One request per release: each grant's token is the revision of its own
+        transaction, so tokens stay strictly increasing per name. Others that the
+        release lets in too (readers behind a reader) are woken by it and take
+        theirs. Only single-name requests are granted here (a multi-lock's other
+        names are not read), but one in the queue still counts as a waiter ahead of
+        those behind it. The holders left are taken as live, and the guard says so:
+        a dead one is for the waiters to reclaim, under their own policy.
+        """
+        holders = [kv for kv in state.kvs(1) if kv.key != released]
+        if len(holders) > _GUARDED:
+            return [], []
+        waiters = sorted(state.kvs(0), key=lambda kv: kv.create)
+        now = _now()
+        for kv in waiters:
+            waiter = kv.value
+            if waiter.get("names") != 1 or _expired(waiter, now):
+                continue  # a multi-lock, or a waiter whose time is up, looks for itself
+            request = kv.key.rsplit("/", 1)[1]
+            in_the_way = _in_the_way(
+                name,
+                waiter["mode"],
+                holders=holders,
+                waiters=waiters,
+                permits=state.kvs(2),
+                seq=kv.create,
+                request_id=request,
+                refuse=False,
+                live={h.value["session"] for h in holders},
+                now=now,
+            )
+            if in_the_way:
+                continue
+            holder = {
+                "name": name,
+                "mode": waiter["mode"],
+                "session": waiter["session"],
+                "at": now,
+                **_who(waiter),
+            }
+            grant = [
+                put(self._holder_key(name, request), holder),
+                put(self._owner_key(waiter["session"], name, request), name),
+                delete(kv.key),
+            ]
+            guard = [
+                unchanged_since(self._name_prefix("h", name), state.revision, under=True),
+                unchanged_since(f"{self._p}p/{_q(name)}", state.revision),
+                as_read(kv),
+                exists(self._session_key(waiter["session"])),
+                *(exists(self._session_key(s)) for s in {h.value["session"] for h in holders}),
+            ]
+            return grant, guard
+        return [], []
 
     def _request_keys_deleted(
         self, session_id: str, request_id: str, names: Sequence[str]
@@ -858,7 +975,8 @@ def _in_the_way(
     waiters: Sequence[KV],
     permits: Sequence[KV],
     seq: int | None,
-    request: AcquireRequest,
+    request_id: str,
+    refuse: bool,
     live: set[str],
     now: float,
 ) -> list[Row]:
@@ -868,7 +986,7 @@ def _in_the_way(
         alive = kv.value["session"] in live
         others.append(_row(name, "holder", kv, now, live=alive, expires_at=None))
     for kv in waiters:
-        if kv.key.endswith("/" + request.request_id) or (seq is not None and kv.create >= seq):
+        if kv.key.endswith("/" + request_id) or (seq is not None and kv.create >= seq):
             continue
         # a waiter key exists only while its session's lease does
         others.append(
@@ -881,7 +999,7 @@ def _in_the_way(
                 expires_at=kv.value["expires_at"],
             )
         )
-    counted = [o for o in others if o["live"] or (o["kind"] == "holder" and request.refuse)]
+    counted = [o for o in others if o["live"] or (o["kind"] == "holder" and refuse)]
     cap = (
         permits[0].value["write" if mode == "X" else "read"]
         if permits
@@ -891,7 +1009,7 @@ def _in_the_way(
     return [
         o
         for o in others
-        if (o["kind"] == "holder" and not o["live"] and not request.refuse)
+        if (o["kind"] == "holder" and not o["live"] and not refuse)
         or (o in counted and (o["mode"] != mode or at_cap))
     ]
 

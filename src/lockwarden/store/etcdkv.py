@@ -126,8 +126,19 @@ def exists(key: str) -> Op:
     return {"key": enc(key), "target": "VERSION", "result": "GREATER", "version": "0"}
 
 
-def absent(key: str) -> Op:
-    return {"key": enc(key), "target": "VERSION", "result": "EQUAL", "version": "0"}
+def absent(key: str, *, under: bool = False) -> Op:
+    """The key does not exist (with ``under``: no key exists under the prefix ``key``;
+    etcd judges an empty range as one missing key)."""
+    compare = {"key": enc(key), "target": "VERSION", "result": "EQUAL", "version": "0"}
+    if under:
+        compare["range_end"] = enc(prefix_end(key))
+    return compare
+
+
+def as_read(kv: KV) -> Op:
+    """The key is still the one read: not rewritten, and not deleted (a key's
+    revisions are never reused)."""
+    return {"key": enc(kv.key), "target": "MOD", "result": "EQUAL", "mod_revision": str(kv.mod)}
 
 
 def unchanged_since(key: str, revision: int, *, under: bool = False) -> Op:
@@ -269,7 +280,7 @@ class Cluster:
                 raise
 
     def watch(
-        self, prefix: str, on_event: Callable[[str, str], None], on_gap: Callable[[], None]
+        self, prefix: str, on_event: Callable[[str, str, int], None], on_gap: Callable[[], None]
     ) -> Watch:
         return Watch(self._members, prefix, on_event, on_gap)
 
@@ -281,7 +292,8 @@ class Cluster:
 class Watch:
     """One stream of the changes under ``prefix``, kept open by a daemon thread.
 
-    ``on_event(type, key)`` gets every change ("PUT" or "DELETE"); ``on_gap()`` is
+    ``on_event(type, key, created)`` gets every change ("PUT" or "DELETE"; ``created``: the
+    revision that created the key, 0 for a deletion); ``on_gap()`` is
     called when changes may have been missed (the history was compacted).
     """
 
@@ -289,7 +301,7 @@ class Watch:
         self,
         members: Sequence[Etcd3Client],
         prefix: str,
-        on_event: Callable[[str, str], None],
+        on_event: Callable[[str, str, int], None],
         on_gap: Callable[[], None],
     ) -> None:
         self._members = members
@@ -355,7 +367,8 @@ class Watch:
                 for event in result.get("events", ()):
                     kv = event["kv"]
                     self._next = max(self._next or 0, int(kv.get("mod_revision", 0)) + 1)
-                    self._on_event(event.get("type", "PUT"), dec(kv["key"]))
+                    created = int(kv.get("create_revision", 0))
+                    self._on_event(event.get("type", "PUT"), dec(kv["key"]), created)
 
     def close(self) -> None:
         self._closed = True

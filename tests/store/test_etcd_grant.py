@@ -1,0 +1,71 @@
+"""etcd's grant on release (ETCD.md, "Grant on release"): what it costs, and the waiter it
+hands the lock to. Its rules of who is let in are the shared ones of `test_grant.py`."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from lockwarden import connect
+from lockwarden.store import Store
+from tests.conftest import Background, wait_for
+
+
+@pytest.fixture
+def url(etcd_url: str) -> str:
+    """These tests are etcd's alone: the shared `store` fixture opens this URL."""
+    return etcd_url
+
+
+def test_a_waiter_of_another_store_is_handed_the_lock_without_an_attempt(
+    store: Store, url: str
+) -> None:
+    """The release writes the grant; the waiter's store sees it on its watch and hands the
+    waiting thread the lock, with the grant's revision as its token."""
+    with connect(url) as theirs, store.session(app_id="here") as s:
+        held = theirs.session(app_id="holder").lock("handed")
+        waiting = Background(lambda: s.lock("handed", timeout=20))
+        wait_for(lambda: store.waiters("handed"), what="the waiter to queue")
+        time.sleep(0.3)  # its attempts are made: it waits
+        attempts = store.stats["attempts"]
+        held.release()
+        lock = waiting.result(timeout=10)
+        assert [e.token for e in store.locks("handed")] == [lock.token]
+        assert lock.token > held.token
+        assert store.stats["handed"] == 1 and store.stats["attempts"] == attempts
+        assert store.waiters("handed") == []
+
+
+def test_a_release_is_one_transaction_while_nobody_waits_and_grants_in_one_more(
+    store: Store, url: str
+) -> None:
+    """Nobody waiting: the release is conditional on that, one transaction. Somebody
+    waiting: that transaction reads the queue instead, and a second one releases and
+    grants. On a name this store has seen fought over, the queue is read first (a read,
+    not a write), then the same second transaction. (The other side uses a store of its
+    own, so that ``store.stats`` counts this side's calls alone.)"""
+    with connect(url) as theirs, store.session(app_id="a") as a:
+        b = theirs.session(app_id="b")
+        held = a.lock("n")
+        before = store.stats["statements"]
+        held.release()
+        assert store.stats["statements"] - before == 1
+        held = a.lock("n")
+        waiting = Background(lambda: b.lock("n", timeout=20))
+        wait_for(lambda: store.waiters("n"), what="b to queue")
+        before = store.stats["statements"]
+        held.release()
+        assert store.stats["statements"] - before == 2
+        theirs_held = waiting.result(timeout=10)
+        waiting = Background(lambda: a.lock("n", timeout=20))  # found taken: fought over
+        wait_for(lambda: store.waiters("n"), what="a to queue")
+        theirs_held.release()
+        held = waiting.result(timeout=10)  # handed over: no attempt finds the name free
+        assert "n" in store._backend._contended
+        waiting = Background(lambda: b.lock("n", timeout=20))
+        wait_for(lambda: store.waiters("n"), what="b to queue again")
+        before = store.stats["statements"]
+        held.release()
+        assert store.stats["statements"] - before == 2  # the read, then the grant
+        assert waiting.result(timeout=10).token > held.token
