@@ -69,3 +69,33 @@ def test_a_release_is_one_transaction_while_nobody_waits_and_grants_in_one_more(
         held.release()
         assert store.stats["statements"] - before == 2  # the read, then the grant
         assert waiting.result(timeout=10).token > held.token
+
+
+@pytest.mark.parametrize("second_holds", [False, True])
+def test_a_hand_over_to_a_writer_wakes_the_waiters_behind_only_if_they_may_close_a_cycle(
+    store: Store, url: str, second_holds: bool
+) -> None:
+    """A writer granted on release blocks everyone behind it: their stores are not woken
+    for the release (the quiet mark), and the next release hands the lock on to them
+    in turn. A waiter whose session holds a lock is woken all the same, so that its
+    look runs the deadlock check a grant may call for (`test_grant.py` has the cycle)."""
+    with connect(url) as first, connect(url) as second:
+        holder = store.session(app_id="holder").lock("q")
+        one, two = first.session(app_id="one"), second.session(app_id="two")
+        if second_holds:
+            two.lock("elsewhere")
+        waiting_one = Background(lambda: one.lock("q", timeout=20))
+        wait_for(lambda: len(store.waiters("q")) == 1, what="one to queue")
+        waiting_two = Background(lambda: two.lock("q", timeout=20))
+        wait_for(lambda: len(store.waiters("q")) == 2, what="two to queue")
+        time.sleep(0.3)  # their attempts are made: they wait
+        attempts = second.stats["attempts"]
+        holder.release()
+        granted = waiting_one.result(timeout=10)
+        time.sleep(0.3)  # a wake-up would have sent two's store back to look by now
+        looked = second.stats["attempts"] - attempts
+        assert looked == (1 if second_holds else 0)
+        assert first.stats["handed"] == 1
+        granted.release()
+        assert waiting_two.result(timeout=10).token > granted.token
+        assert second.stats["handed"] == 1

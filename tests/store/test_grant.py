@@ -197,6 +197,22 @@ def test_abandoning_a_request_gives_back_a_grant_made_meanwhile(store: Store) ->
     assert holders(store, "race") == [("next", "X")]
 
 
+def test_a_waiter_giving_up_at_the_head_of_a_free_name_lets_the_next_one_in(
+    store: Store,
+) -> None:
+    """The name was freed without a grant (an administrator broke the lock) and the head
+    of its queue gives up before it looks: its release lets the next waiter in, and
+    never grants the request it removes."""
+    h, gone, next_ = (store.session(app_id=a) for a in ("h", "gone", "next"))
+    h.lock("head")
+    abandoned = enqueue(gone, {"head": "X"})
+    enqueue(next_, {"head": "X"})
+    store.break_lock("head")
+    store._backend.release(gone.id, abandoned, ["head"])
+    assert holders(store, "head") == [("next", "X")]
+    assert queued(store, "head") == []
+
+
 def test_a_grant_that_completes_a_cycle_is_still_refused(store: Store) -> None:
     """a holds L1 and waits for L2 behind s's request; s then waits for L1 while holding
     nothing (no check then). When the release of L2 grants s, a must look again: its

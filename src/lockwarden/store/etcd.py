@@ -14,9 +14,12 @@ Keys (``P`` is the URL's prefix, ``N`` a lock name percent-encoded, so that
     P/e/SESSION          rewritten each time a request of the session ends  (on its lease)
     P/h/N/REQUEST        holder: name, mode, session, who, when   (no lease: see "reclaim")
     P/o/SESSION/N/REQUEST  the same holder, found by session       (no lease)
-    P/w/N/REQUEST        waiter: name, mode, names, session, who, when, expires_at  (on lease)
+    P/w/N/REQUEST        waiter: name, mode, names, session, lease, who, when, expires_at
+                         (on the session's lease)
     P/p/N                permits of a name
     P/f/RESOURCE         fence: token, written, value
+    P/q/N                written by a grant on release that leaves the name's other waiters
+                         nothing to do: their stores do not wake them  (on the grantee's lease)
     P/g                  rewritten by every deadlock refusal (serializes them)
     P/r                  how many holder keys reclaims have deleted, ever
 """
@@ -47,6 +50,7 @@ from lockwarden.store.etcdkv import (
     delete,
     exists,
     get,
+    nested,
     put,
     scan,
     unchanged_since,
@@ -94,6 +98,9 @@ class EtcdBackend(Backend):
         one transaction while nobody waits (`_hand_over`)."""
         self._watch_lock = threading.Lock()
         self._watcher: Watch | None = None
+        self._quiet: tuple[str, int] | None = None
+        """The name (as in its keys) and revision of the last quiet grant the watch saw
+        (`_quiet_mark`): its deletions wake nobody. The watch thread's alone."""
         self._queries: dict[str, Callable[[Params], list[Row]]] = {
             queries.OPEN_SESSION: self._open_session,
             queries.HEARTBEAT: self._heartbeat,
@@ -165,15 +172,23 @@ class EtcdBackend(Backend):
                 " (is a majority of the cluster up?)"
             )
 
-    def _on_event(self, kind: str, key: str, created: int) -> None:
+    def _on_event(self, kind: str, key: str, created: int, revision: int) -> None:
         """Wake the local waiters a change may let in: a holder or waiter gone, permits
         changed; a session gone (its lease expired) may have left stale holders anywhere.
         A holder key written is a grant: its request, if it waits here, holds the lock
-        with the key's creating revision as its token (a release's grant, `_hand_over`)."""
+        with the key's creating revision as its token (a release's grant, `_hand_over`).
+        A quiet mark comes first in its transaction: that transaction's deletions of the
+        name's keys wake nobody (`_quiet_mark`)."""
         part = key[len(self._p) :].split("/")
-        if part[0] == "h" and kind == "PUT":
+        if part[0] == "q":
+            if kind == "PUT":
+                self._quiet = (part[1], revision)
+        elif part[0] == "h" and kind == "PUT":
             self.wakeups.address(part[2], (created,))
-        elif (part[0] in ("h", "w") and kind == "DELETE") or part[0] == "p":
+        elif part[0] in ("h", "w") and kind == "DELETE":
+            if self._quiet != (part[1], revision):
+                self.wakeups.wake([unquote(part[1])])
+        elif part[0] == "p":
             self.wakeups.wake([unquote(part[1])])
         elif part[0] == "s" and kind == "DELETE":
             self.wakeups.wake_all()
@@ -380,6 +395,7 @@ class EtcdBackend(Backend):
                     "mode": mode,
                     "names": len(request.names),
                     "session": request.session_id,
+                    "lease": session["lease"],
                     "at": now,
                     "expires_at": expires,
                     **_who(session),
@@ -466,8 +482,9 @@ class EtcdBackend(Backend):
     # -- release ------------------------------------------------------------------------
 
     def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
+        quiet = False
         if len(names) == 1 and not self._writes_on_their_way(session_id):
-            done = self._hand_over(session_id, request_id, names[0])
+            done, quiet = self._hand_over(session_id, request_id, names[0])
         else:
             done = self._end(session_id, request_id, names, lease=self._leases.get(session_id))
         deleted = sum(
@@ -476,14 +493,15 @@ class EtcdBackend(Backend):
             for kv in done.deleted(i)
             if kv.value["session"] == session_id
         )
-        self.wakeups.wake(names)
+        if not quiet:
+            self.wakeups.wake(names)
         if (
             done.resent and deleted == 0
         ):  # the first send did it (design note, "Connection failures")
             return len(names)
         return deleted
 
-    def _hand_over(self, session_id: str, request_id: str, name: str) -> Txn:
+    def _hand_over(self, session_id: str, request_id: str, name: str) -> tuple[Txn, bool]:
         """Release one name and, in the same transaction, grant the waiters at the head of
         its queue that the release lets in (ETCD.md, "Grant on release").
 
@@ -495,6 +513,7 @@ class EtcdBackend(Backend):
         waiter key as read (so its request has not ended, and a copy of this
         transaction that arrives late finds it gone) and its session live. If the
         guard fails, the release alone is done, and the waiters, woken by it, look.
+        Also whether the grant was quiet: the name's other waiters need no wake-up.
         """
         ops = self._request_keys_deleted(session_id, request_id, [name])
         queue = [
@@ -508,10 +527,11 @@ class EtcdBackend(Backend):
         else:
             state = self._kv.txn(ops, [absent(self._name_prefix("w", name), under=True)], queue)
             if state.succeeded:
-                return state
+                return state, False
             resent = state.resent  # its first send may have released (and found no waiter)
         self._contended.note([name], bool(state.kvs(0)))
-        grant, guard = self._let_in(name, self._holder_key(name, request_id), state)
+        grant, guard = self._let_in(name, request_id, state)
+        quiet = False
         if not grant:
             done = self._kv.txn(ops)
         else:
@@ -519,13 +539,15 @@ class EtcdBackend(Backend):
             # waiters, so its waiter is handed the lock instead of attempting.
             done = self._kv.txn([*grant, *ops], guard, ops)
             if done.succeeded:  # what the release deleted, first, as in any other
+                quiet = "request_txn" in grant[0] and done.took(0)
                 done = replace(done, responses=done.responses[len(grant) :])
-        return replace(done, resent=True) if resent else done
+        return (replace(done, resent=True) if resent else done), quiet
 
     def _let_in(self, name: str, released: str, state: Txn) -> tuple[list[Op], list[Op]]:
-        """The writes that grant the first waiter of ``name`` whom the release of the holder
-        key ``released`` lets in, by the rules of an attempt (`_in_the_way`), and the guard
-        they need; no writes if there is nobody to let in.
+        """The writes that grant the first waiter of ``name`` whom the release of request
+        ``released`` (its holder key, or its waiter key: a waiter giving up) lets in, by the
+        rules of an attempt (`_in_the_way`), and the guard they need; no writes if there is
+        nobody to let in.
 
         One request per release: each grant's token is the revision of its own
         transaction, so tokens stay strictly increasing per name. Others that the
@@ -535,10 +557,11 @@ class EtcdBackend(Backend):
         those behind it. The holders left are taken as live, and the guard says so:
         a dead one is for the waiters to reclaim, under their own policy.
         """
-        holders = [kv for kv in state.kvs(1) if kv.key != released]
+        holders = [kv for kv in state.kvs(1) if kv.key != self._holder_key(name, released)]
         if len(holders) > _GUARDED:
             return [], []
-        waiters = sorted(state.kvs(0), key=lambda kv: kv.create)
+        gone = self._waiter_key(name, released)
+        waiters = sorted((kv for kv in state.kvs(0) if kv.key != gone), key=lambda kv: kv.create)
         now = _now()
         for kv in waiters:
             waiter = kv.value
@@ -567,6 +590,7 @@ class EtcdBackend(Backend):
                 **_who(waiter),
             }
             grant = [
+                *self._quiet_mark(name, kv, waiters, state),
                 put(self._holder_key(name, request), holder),
                 put(self._owner_key(waiter["session"], name, request), name),
                 delete(kv.key),
@@ -580,6 +604,36 @@ class EtcdBackend(Backend):
             ]
             return grant, guard
         return [], []
+
+    def _quiet_mark(self, name: str, granted: KV, waiters: Sequence[KV], state: Txn) -> list[Op]:
+        """The quiet mark of a grant of ``name`` to the waiter ``granted``, as the first
+        operation of its transaction, when the grant may leave the name's other waiters
+        nothing to do (ETCD.md, "Quiet hand-overs"); else nothing.
+
+        The grant must be a write with a write cap of one: every other request for
+        the name is then blocked by it. The mark is written only if, as the
+        transaction begins, no waiter key of the name was written since the queue
+        was read, and no session of those waiters holds a lock: a waiter of such a
+        session may close a cycle through the new holder, and must look to run the
+        deadlock check. Otherwise the grant goes ahead without the mark, and wakes.
+        """
+        waiter = granted.value
+        permits = state.kvs(2)
+        cap = permits[0].value["write"] if permits else 1
+        others = {kv.value["session"] for kv in waiters if kv.key != granted.key}
+        if (
+            waiter["mode"] != "X"
+            or cap != 1
+            or "lease" not in waiter
+            or waiter["session"] in others
+            or len(others) > _GUARDED
+        ):
+            return []
+        compare = [
+            unchanged_since(self._name_prefix("w", name), state.revision, under=True),
+            *(absent(f"{self._p}o/{s}/", under=True) for s in sorted(others)),
+        ]
+        return [nested([put(f"{self._p}q/{_q(name)}", "", lease=waiter["lease"])], compare)]
 
     def _request_keys_deleted(
         self, session_id: str, request_id: str, names: Sequence[str]

@@ -135,6 +135,12 @@ def absent(key: str, *, under: bool = False) -> Op:
     return compare
 
 
+def nested(success: Sequence[Op], compare: Sequence[Op]) -> Op:
+    """A transaction inside another (etcd >= 3.3): ``success`` is applied, at the outer
+    transaction's revision, only if ``compare`` holds as the outer one begins."""
+    return {"request_txn": {"compare": list(compare), "success": list(success), "failure": []}}
+
+
 def as_read(kv: KV) -> Op:
     """The key is still the one read: not rewritten, and not deleted (a key's
     revisions are never reused)."""
@@ -170,6 +176,10 @@ class Txn:
     def kvs(self, i: int) -> list[KV]:
         """The keys read by the ``i``-th operation (a range)."""
         return [_kv(raw) for raw in self.responses[i].get("response_range", {}).get("kvs", ())]
+
+    def took(self, i: int) -> bool:
+        """Whether the ``i``-th operation, a `nested` transaction, applied its writes."""
+        return bool(self.responses[i].get("response_txn", {}).get("succeeded"))
 
     def deleted(self, i: int) -> list[KV]:
         """The keys removed by the ``i``-th operation (a delete)."""
@@ -280,7 +290,10 @@ class Cluster:
                 raise
 
     def watch(
-        self, prefix: str, on_event: Callable[[str, str, int], None], on_gap: Callable[[], None]
+        self,
+        prefix: str,
+        on_event: Callable[[str, str, int, int], None],
+        on_gap: Callable[[], None],
     ) -> Watch:
         return Watch(self._members, prefix, on_event, on_gap)
 
@@ -292,8 +305,9 @@ class Cluster:
 class Watch:
     """One stream of the changes under ``prefix``, kept open by a daemon thread.
 
-    ``on_event(type, key, created)`` gets every change ("PUT" or "DELETE"; ``created``: the
-    revision that created the key, 0 for a deletion); ``on_gap()`` is
+    ``on_event(type, key, created, revision)`` gets every change ("PUT" or "DELETE";
+    ``created``: the revision that created the key, 0 for a deletion; ``revision``: the
+    change's), in order, a transaction's in the order of its operations; ``on_gap()`` is
     called when changes may have been missed (the history was compacted).
     """
 
@@ -301,7 +315,7 @@ class Watch:
         self,
         members: Sequence[Etcd3Client],
         prefix: str,
-        on_event: Callable[[str, str, int], None],
+        on_event: Callable[[str, str, int, int], None],
         on_gap: Callable[[], None],
     ) -> None:
         self._members = members
@@ -366,9 +380,10 @@ class Watch:
                     self._created.set()
                 for event in result.get("events", ()):
                     kv = event["kv"]
-                    self._next = max(self._next or 0, int(kv.get("mod_revision", 0)) + 1)
+                    revision = int(kv.get("mod_revision", 0))
+                    self._next = max(self._next or 0, revision + 1)
                     created = int(kv.get("create_revision", 0))
-                    self._on_event(event.get("type", "PUT"), dec(kv["key"]), created)
+                    self._on_event(event.get("type", "PUT"), dec(kv["key"]), created, revision)
 
     def close(self) -> None:
         self._closed = True
