@@ -502,14 +502,14 @@ class EtcdBackend(Backend):
         return deleted
 
     def _hand_over(self, session_id: str, request_id: str, name: str) -> tuple[Txn, bool]:
-        """Release one name and, in the same transaction, grant the waiters at the head of
-        its queue that the release lets in (ETCD.md, "Grant on release").
+        """Release one name and, in the same transaction, grant the first waiter the release
+        lets in (ETCD.md, "Grant on release").
 
         Nobody waiting, it is one transaction, conditional on the queue being empty;
         if it is not, that transaction reads the queue instead of releasing. A name
         this store has seen fought over is read first, without the conditional write.
         The grant is guarded by what it was decided on: no holder key or permits of
-        the name written since, the other holders' sessions live, each grantee's
+        the name written since, the other holders' sessions live, the grantee's
         waiter key as read (so its request has not ended, and a copy of this
         transaction that arrives late finds it gone) and its session live. If the
         guard fails, the release alone is done, and the waiters, woken by it, look.
