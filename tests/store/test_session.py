@@ -354,7 +354,9 @@ def test_every_lock_taken_over_from_a_dead_holder_is_counted_once(store: Store) 
     lock an acquirer removes, granted or not; a retried attempt counts nothing again, and
     what `clean` and `break_lock` remove is no reclaim."""
     assert store.reclaimed_count() == 0
-    readers = [store.session(app_id=f"dead-{i}", ttl=0.3) for i in range(3)]
+    # A TTL long enough for the five durable locks below to be taken while the sessions
+    # still beat, on a slow disk too (0.3 s was seen lost under a loaded CI run).
+    readers = [store.session(app_id=f"dead-{i}", ttl=1.0) for i in range(3)]
     for reader in readers:
         reader.lock("shared", mode="read")
     readers[0].lock("single")
