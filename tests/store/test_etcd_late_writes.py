@@ -35,28 +35,34 @@ def _backend(store: Store) -> EtcdBackend:
     return backend
 
 
-def _writes(success: Sequence[Op], kind: str, backend: EtcdBackend) -> bool:
-    """Whether a transaction puts or deletes a key of ``kind`` ("h" holder, "w" waiter, "f"
-    fence, "p" permits)."""
+def _writes(success: Sequence[Op], kind: str, backend: EtcdBackend, *, puts: bool) -> bool:
+    """Whether a transaction puts (or, unless ``puts``, deletes) a key of ``kind`` ("h"
+    holder, "w" waiter, "f" fence, "p" permits)."""
     start = f"{backend.url.schema}/{kind}/"
+    changes = ("request_put",) if puts else ("request_put", "request_delete_range")
     return any(
-        dec(body["key"]).startswith(start)
+        dec(op[change]["key"]).startswith(start)
         for op in success
-        for body in (op.get("request_put"), op.get("request_delete_range"))
-        if body is not None
+        for change in changes
+        if change in op
     )
 
 
 def _intercept(
-    backend: EtcdBackend, kind: str, send: Callable[[Callable[..., Txn], Send], Txn]
+    backend: EtcdBackend,
+    kind: str,
+    send: Callable[[Callable[..., Txn], Send], Txn],
+    *,
+    puts: bool = False,
 ) -> list[Send]:
-    """Record the next transaction that puts a key of ``kind``, sent through ``send``;
-    the list returned gets its arguments, for a test to apply again later."""
+    """Record the next transaction that puts (or, unless ``puts``, deletes) a key of
+    ``kind``, sent through ``send``; the list returned gets its arguments, for a test to
+    apply again later."""
     real = backend._kv.txn
     sent: list[Send] = []
 
     def txn(success: Sequence[Op], compare: Sequence[Op] = (), failure: Sequence[Op] = ()) -> Txn:
-        if sent or not _writes(success, kind, backend):
+        if sent or not _writes(success, kind, backend, puts=puts):
             return real(success, compare, failure)
         sent.append((success, compare, failure))
         return send(real, sent[0])
@@ -168,20 +174,8 @@ def test_a_release_s_grant_applied_again_after_the_grantee_released_changes_noth
         held = a.lock("x")
         waiting = Background(lambda: b.lock("x", timeout=10))
         wait_for(lambda: bool(store.waiters("x")), what="b queued")
-        real = backend._kv.txn
-        sent: list[Send] = []
-
-        def txn(
-            success: Sequence[Op], compare: Sequence[Op] = (), failure: Sequence[Op] = ()
-        ) -> Txn:
-            if sent or not (
-                _writes(success, "h", backend) and any("request_put" in op for op in success)
-            ):
-                return real(success, compare, failure)
-            sent.append((success, compare, failure))
-            return _answer_lost(real, sent[0])
-
-        backend._kv.txn = txn  # type: ignore[method-assign]
+        sent = _intercept(backend, "h", _answer_lost, puts=True)  # the grant: not the release's
+        # conditional transaction before it, which only deletes
         held.release()  # applied, its answer lost: the client would have sent it again
         granted = waiting.result()
         assert store.stats["handed"] == 1

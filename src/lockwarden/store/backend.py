@@ -82,7 +82,7 @@ class Stats:
 
 class FoughtOver:
     """The names a store has lately seen fought over: a hint for the backends that choose
-    client-side between two ways of the same attempt (SQLite, MySQL).
+    client-side between two ways of the same attempt or release (SQLite, MySQL, etcd).
 
     A name goes in when a release lets someone in or an attempt of it is
     blocked, and out when an attempt finds it free. Only a choice of the

@@ -66,8 +66,9 @@ _BATCH = 128
 """Operations per clean-up transaction: etcd's default ``--max-txn-ops``."""
 
 _GUARDED = 64
-"""The most holders a release's grant checks are live (a comparison each, within
-``--max-txn-ops``); with more left on the name, the release grants nothing."""
+"""The most sessions a release's grant compares (a comparison each, within
+``--max-txn-ops``): with more holders left on the name, the release grants nothing; with
+more other waiters' sessions to check, its grant is not quiet."""
 
 
 def _q(name: str) -> str:
@@ -365,21 +366,30 @@ class EtcdBackend(Backend):
         compare = self._live_since(request.session_id, revision)
         ops: list[Op] = []
         for name, mode in zip(request.names, request.modes, strict=True):
-            compare.append(unchanged_since(self._name_prefix("h", name), revision, under=True))
-            compare.append(unchanged_since(f"{self._p}p/{_q(name)}", revision))
-            holder = {
-                "name": name,
-                "mode": mode,
-                "session": request.session_id,
-                "at": _now(),
-                **_who(session),
-            }
-            ops += [
-                put(self._holder_key(name, request.request_id), holder),
-                put(self._owner_key(request.session_id, name, request.request_id), name),
-                delete(self._waiter_key(name, request.request_id)),
-            ]
+            compare += self._no_change_in_the_way(name, revision)
+            ops += self._granting(name, mode, request.session_id, request.request_id, session)
         return self._send_guarded(request.session_id, revision, ops, compare)
+
+    def _no_change_in_the_way(self, name: str, revision: int) -> list[Op]:
+        """Guards that no holder key and no permits key of ``name`` was written after
+        ``revision`` (a deletion passes: it only frees)."""
+        return [
+            unchanged_since(self._name_prefix("h", name), revision, under=True),
+            unchanged_since(f"{self._p}p/{_q(name)}", revision),
+        ]
+
+    def _granting(
+        self, name: str, mode: str, session_id: str, request_id: str, who: Mapping[str, Any]
+    ) -> list[Op]:
+        """The writes of one request's grant of ``name``: its holder key (with what ``who``,
+        its session key or its waiter key, says of the session), its index key, and the
+        deletion of its waiter key."""
+        holder = {"name": name, "mode": mode, "session": session_id, "at": _now(), **_who(who)}
+        return [
+            put(self._holder_key(name, request_id), holder),
+            put(self._owner_key(session_id, name, request_id), name),
+            delete(self._waiter_key(name, request_id)),
+        ]
 
     def _enqueue(self, request: AcquireRequest, session: Mapping[str, Any], revision: int) -> bool:
         """Queue the request on every name (one revision: its place in each queue); False if
@@ -582,22 +592,12 @@ class EtcdBackend(Backend):
             )
             if in_the_way:
                 continue
-            holder = {
-                "name": name,
-                "mode": waiter["mode"],
-                "session": waiter["session"],
-                "at": now,
-                **_who(waiter),
-            }
             grant = [
                 *self._quiet_mark(name, kv, waiters, state),
-                put(self._holder_key(name, request), holder),
-                put(self._owner_key(waiter["session"], name, request), name),
-                delete(kv.key),
+                *self._granting(name, waiter["mode"], waiter["session"], request, waiter),
             ]
             guard = [
-                unchanged_since(self._name_prefix("h", name), state.revision, under=True),
-                unchanged_since(f"{self._p}p/{_q(name)}", state.revision),
+                *self._no_change_in_the_way(name, state.revision),
                 as_read(kv),
                 exists(self._session_key(waiter["session"])),
                 *(exists(self._session_key(s)) for s in {h.value["session"] for h in holders}),
@@ -618,12 +618,10 @@ class EtcdBackend(Backend):
         deadlock check. Otherwise the grant goes ahead without the mark, and wakes.
         """
         waiter = granted.value
-        permits = state.kvs(2)
-        cap = permits[0].value["write"] if permits else 1
         others = {kv.value["session"] for kv in waiters if kv.key != granted.key}
         if (
             waiter["mode"] != "X"
-            or cap != 1
+            or _cap(state.kvs(2), "X") != 1
             or "lease" not in waiter
             or waiter["session"] in others
             or len(others) > _GUARDED
@@ -1054,11 +1052,7 @@ def _in_the_way(
             )
         )
     counted = [o for o in others if o["live"] or (o["kind"] == "holder" and refuse)]
-    cap = (
-        permits[0].value["write" if mode == "X" else "read"]
-        if permits
-        else (1 if mode == "X" else None)
-    )
+    cap = _cap(permits, mode)
     at_cap = cap is not None and sum(o["mode"] == mode for o in counted) >= cap
     return [
         o
@@ -1066,6 +1060,15 @@ def _in_the_way(
         if (o["kind"] == "holder" and not o["live"] and not refuse)
         or (o in counted and (o["mode"] != mode or at_cap))
     ]
+
+
+def _cap(permits: Sequence[KV], mode: str) -> int | None:
+    """How many may hold a name in ``mode`` at once, by its permits key as read (None: any
+    number; by default one writer, and readers without limit)."""
+    if permits:
+        cap: int | None = permits[0].value["write" if mode == "X" else "read"]
+        return cap
+    return 1 if mode == "X" else None
 
 
 def _row(name: str, kind: str, kv: KV, now: float, *, live: bool, expires_at: float | None) -> Row:
