@@ -24,7 +24,13 @@ from lockwarden import LockTimeout
 from lockwarden.store import Store
 from lockwarden.store.backend import AcquireRequest
 from lockwarden.store.mysql import DIALECT, bucket
-from lockwarden.store.queries import CLEAN, DEADLOCK_EDGES, IN_THE_WAY, RECLAIM_DELETE
+from lockwarden.store.queries import (
+    CLEAN,
+    CLOSE_SESSION,
+    DEADLOCK_EDGES,
+    IN_THE_WAY,
+    RECLAIM_DELETE,
+)
 from lockwarden.store.url import mysql_options
 from tests.conftest import Background, mysql_admin, wait_for
 
@@ -362,3 +368,55 @@ def test_locks_and_tokens_survive_a_server_restart(private_server: _PrivateServe
     finally:
         store.close()
         other.close()
+
+
+def test_a_release_grants_nothing_to_a_session_closing_meanwhile(mysql_url: str) -> None:
+    """A session closes, and before the close commits a release grants to it (on what was
+    committed): the grant finds the waiter's queue entry gone once the close commits,
+    takes the grant back and lets the next in line in. (Had the close not deleted the
+    session's holder rows yet, its deletion and the grant would deadlock, and InnoDB's
+    victim would be retried.)"""
+    store = lockwarden.connect(mysql_url)
+    try:
+        with (
+            store.session(app_id="h") as h,
+            store.session(app_id="w") as w,
+            store.session(app_id="next") as nxt,
+        ):
+            held = h.lock("race")
+            queued = [
+                AcquireRequest(s.id, secrets.token_hex(16), ("race",), ("X",), True, False, None)
+                for s in (w, nxt)
+            ]
+            for request in queued:
+                assert store._backend.acquire(request).status == "blocked"
+            close = MySQLdb.connect(**mysql_options(mysql_url))
+            try:
+                cur = close.cursor()
+                cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                cur.execute("BEGIN")
+                for statement in CLOSE_SESSION:
+                    cur.execute(DIALECT.render(statement), {"session": w.id})
+                releasing = Background(held.release)
+
+                with mysql_admin() as admin, admin.cursor() as look:
+
+                    def release_waits() -> bool:
+                        look.execute(
+                            "SELECT COUNT(*) FROM information_schema.PROCESSLIST"
+                            " WHERE INFO LIKE 'DELETE FROM lw_waiters WHERE request_id%%'"
+                        )
+                        return bool(look.fetchone()[0])
+
+                    wait_for(release_waits, what="the release's grant to wait for the close")
+                close.commit()
+            finally:
+                close.close()
+            releasing.result()
+            holders = [(e.holder.session_id, e.token > held.token) for e in store.locks("race")]
+            assert holders == [(nxt.id, True)]
+            with MySQLdb.connect(**mysql_options(mysql_url)) as conn, conn.cursor() as raw:
+                raw.execute("SELECT session_id FROM lw_holders WHERE name = 'race'")
+                assert [row[0] for row in raw.fetchall()] == [nxt.id]
+    finally:
+        store.close()

@@ -14,7 +14,7 @@ import pytest
 
 import lockwarden
 from lockwarden import LockTimeout, StoreError
-from lockwarden.store import Store, plpgsql
+from lockwarden.store import Session, Store, plpgsql, queries
 from lockwarden.store.backend import AcquireRequest
 from tests.conftest import Background, pg_admin, wait_for
 
@@ -473,3 +473,76 @@ def test_ctrl_c_interrupts_a_lock_call_the_server_has_not_answered(
             child.kill()
             blocker.execute("ROLLBACK")
     assert out == "interrupted\n"
+
+
+def _queue(session: Session, name: str) -> str:
+    """Queue a write request of ``session`` for ``name`` with no thread waiting on it;
+    return its request id."""
+    request_id = secrets.token_hex(16)
+    backend = session._store._backend
+    attempt = backend.acquire(
+        AcquireRequest(session.id, request_id, (name,), ("X",), True, False, 60.0)
+    )
+    assert attempt.status == "blocked"
+    return request_id
+
+
+def _holder_rows(schema: str, name: str) -> list[tuple[str, ...]]:
+    """Every holder row of ``name``, whether or not its session is still there (`locks`
+    shows only those joined to a session)."""
+    with pg_admin() as conn:
+        rows = conn.execute(
+            f"SELECT session_id, request_id FROM {schema}.lw_holders WHERE name = %s", (name,)
+        )
+        return [tuple(row) for row in rows]
+
+
+def test_a_session_closing_while_a_release_grants_to_it_keeps_nothing(
+    store: Store, pg_schema: str
+) -> None:
+    """A release grants a waiter, and before the grant commits the waiter's session
+    closes: the close waits for the grant and deletes the lock it made. (It used to
+    delete the session's holder rows as they were before the grant, and the grant's
+    row outlived the session: the name lost its one-statement acquire until `clean`.)"""
+    with store.session(app_id="h") as h, store.session(app_id="w") as w:
+        held = h.lock("race")
+        _queue(w, "race")
+        with pg_admin() as release:
+            release.execute("BEGIN")
+            release.execute(
+                f"SELECT {pg_schema}.lw_release(%s, %s, ARRAY['race'], false)", (h.id, held.id)
+            )
+            assert [s for s, _ in _holder_rows(pg_schema, "race")] == [h.id]  # not committed
+            closing = Background(w.close)
+            backend_pid(f"%{pg_schema}.lw_waiters WHERE session_id%")  # waits for the grant
+            release.execute("COMMIT")
+            closing.result()
+        assert _holder_rows(pg_schema, "race") == []
+        with store.session(app_id="later") as later:
+            before = store.stats["statements"]
+            later.lock("race", timeout=0).release()  # the one-statement acquire, and release
+            assert store.stats["statements"] - before == 2
+
+
+def test_a_release_grants_nothing_to_a_session_closing_meanwhile(
+    store: Store, pg_schema: str
+) -> None:
+    """A session closes, and before the close commits a release would grant to it: the
+    grant waits for the close and, the waiter gone, passes the lock to the next in line."""
+    d = queries.postgres(pg_schema)
+    with store.session(app_id="h") as h, store.session(app_id="w") as w:
+        held = h.lock("race")
+        _queue(w, "race")
+        with store.session(app_id="next") as nxt:
+            after = _queue(nxt, "race")
+            with pg_admin() as close:
+                close.execute("BEGIN")
+                first, *rest = queries.CLOSE_SESSION
+                close.execute(d.render(first), {"session": w.id})
+                releasing = Background(held.release)
+                backend_pid(f"%{pg_schema}.lw_release%")  # its grant waits for the close
+                for statement in rest:
+                    close.execute(d.render(statement), {"session": w.id})
+                close.execute("COMMIT")
+                releasing.result()
+            assert _holder_rows(pg_schema, "race") == [(nxt.id, after)]

@@ -163,7 +163,8 @@ def grant(run: Run, released: Sequence[str], engine: Engine) -> list[Told]:
         params["modes"] = [item["mode"] for item in items]
         first = engine.reserve(run, "token", len(items))
         tokens = run(queries.INSERT_HOLDERS, params | {"first_token": first})
-        run(queries.DEQUEUE, params)
+        if not _dequeued(run, params):
+            continue
         one = (tokens[0]["token"],) if len(tokens) == 1 else None
         told.append((candidate["request_id"], candidate["session_id"], one))
     held = run(queries.HOLDING_WAITERS, {"names": released})
@@ -179,5 +180,21 @@ def _grant_head(run: Run, name: str, engine: Engine) -> Told | None:
     if not granted:
         return None
     head = granted[0]
-    run(queries.DEQUEUE, {"request": head["request_id"], "session": head["session_id"]})
+    if not _dequeued(run, {"request": head["request_id"], "session": head["session_id"]}):
+        return None
     return head["request_id"], head["session_id"], (head["token"],)
+
+
+def _dequeued(run: Run, params: dict[str, object]) -> bool:
+    """Dequeue the request just granted; if its queue entry was gone, take the grant back.
+
+    A close deletes a session's waiter rows before its holder rows. Where it did so
+    first (MySQL: the deletion waited for its commit), this grant was made to a
+    session that is no longer there, and would outlive it; where the grant came
+    first, the close's deletion of the waiter rows waited for it, and its holder rows
+    are deleted by the close. (SQLite runs one transaction at a time: never taken back.)
+    """
+    if run(queries.DEQUEUED, params):
+        return True
+    run(queries.UNGRANT, params)
+    return False

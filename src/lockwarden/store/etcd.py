@@ -735,7 +735,7 @@ class EtcdBackend(Backend):
         if lease is not None:
             self._kv.revoke(lease)  # its session key and queue entries go with it
         names = self._drop_holders((session, n, r) for n, r in self._session_holders(session))
-        return [names, [], [None]]
+        return [[], names, [None]]
 
     def _expire_session(self, p: Params) -> list[Names]:
         session = str(p["session"])
@@ -767,7 +767,7 @@ class EtcdBackend(Backend):
             for kv in found.kvs(1)
             if kv.value["app_id"] == p["app_id"] and kv.value["session"] not in live
         )
-        return [names, []]
+        return [[], names]
 
     def _break_lock(self, p: Params) -> list[Names]:
         found = self._kv.read([scan(self._name_prefix("h", str(p["name"])))]).kvs(0)
@@ -793,7 +793,7 @@ class EtcdBackend(Backend):
                 kv.value["name"] for i in range(len(done.responses)) for kv in done.deleted(i)
             ]
         # A dead session's own key went with its lease; what is left of it is its holders.
-        return [holders, waiters, [None] * len({kv.value["session"] for kv in dead})]
+        return [waiters, holders, [None] * len({kv.value["session"] for kv in dead})]
 
     # -- permits, reads, fences ---------------------------------------------------------
 

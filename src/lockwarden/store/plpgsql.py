@@ -65,19 +65,22 @@ def _grant_channel_of(session: str) -> str:
 
 _GRANT_HEAD: Final = f"""
 {queries.HEAD_ALONE},
-granted AS (
-    INSERT INTO {{p}}lw_holders (request_id, name, mode, session_id, token, granted_at)
-    SELECT request_id, :name, 'X', session_id, {{token}}, {{now}} FROM alone
-    RETURNING request_id, session_id, token
-),
 dequeued AS (
     DELETE FROM {{p}}lw_waiters AS w USING alone
     WHERE w.request_id = alone.request_id AND w.session_id = alone.session_id
+    RETURNING w.request_id, w.session_id
+),
+granted AS (
+    INSERT INTO {{p}}lw_holders (request_id, name, mode, session_id, token, granted_at)
+    SELECT request_id, :name, 'X', session_id, {{token}}, {{now}} FROM dequeued
+    RETURNING request_id, session_id, token
 )
 SELECT request_id, session_id, token INTO _request, _session, _token FROM granted
 """
-"""`queries.HEAD_ALONE`'s waiter granted and dequeued in one statement (data-modifying
-CTEs); no variable set if `lw_grant`'s loop must decide."""
+"""`queries.HEAD_ALONE`'s waiter dequeued and granted in one statement (data-modifying
+CTEs); no variable set if `lw_grant`'s loop must decide. Only what the deletion removed
+is granted: a waiter whose rows a close deleted meanwhile (committed once the deletion
+stops waiting for it) gets nothing (design note, "Release")."""
 
 
 def functions(schema: str) -> list[str]:
@@ -280,6 +283,7 @@ DECLARE
     _tokens bigint[];
     _i integer;
     _token bigint;
+    _dequeued bigint;
 BEGIN
     _now := date_part('epoch', clock_timestamp());
     IF cardinality(_released) = 1 THEN
@@ -297,6 +301,7 @@ BEGIN
             _seq := _candidate.seq;
             SELECT array_agg(w.name), array_agg(w.mode) INTO _names, _modes
             FROM ({d.render(queries.WAITING_ITEMS)}) AS w;
+            CONTINUE WHEN _names IS NULL;  -- dequeued since the candidates were read
             CONTINUE WHEN _names && _closed;  -- behind a waiter blocked there: blocked too
             -- Names of a multi-lock outside the released ones: their locks are taken out of
             -- order, so only if free at once; otherwise the request decides for itself.
@@ -321,10 +326,13 @@ BEGIN
                 END IF;
             END LOOP;
             CONTINUE WHEN _blocked;
+            -- Dequeued first, granted only if that removed its rows (see _GRANT_HEAD).
+            {d.render(queries.DEQUEUE)};
+            GET DIAGNOSTICS _dequeued = ROW_COUNT;
+            CONTINUE WHEN _dequeued = 0;
             {move_on}
             WITH granted AS ({d.render(queries.INSERT_HOLDERS)})
             SELECT array_agg(g.token) INTO _tokens FROM granted AS g;
-            {d.render(queries.DEQUEUE)};
             PERFORM pg_notify({addressed}, _request || CASE WHEN cardinality(_tokens) = 1
                                                             THEN ' ' || _tokens[1] ELSE '' END);
         END LOOP;

@@ -130,11 +130,19 @@ class PostgresBackend(SQLBackend):
         return self._run(lambda conn: self._execute(conn, text, params))
 
     def change(self, statements: Sequence[str], params: Params) -> list[list[str | None]]:
-        rows = self.query(_notifying(tuple(statements), plpgsql.channel(self.url.schema)), params)
-        found: list[list[str | None]] = [[] for _ in statements]
-        for row in rows:
-            found[row["i"]].append(row["name"])
-        return found
+        """Run ``statements`` in order in one transaction, each notifying the names it
+        returns: one round trip (a pipeline), and each statement sees what the ones before
+        it did and what committed before it began, as on the other backends."""
+        channel = plpgsql.channel(self.url.schema)
+        texts = [self.dialect.render(_notifying(sql, channel)) for sql in statements]
+
+        def work(conn: Connection) -> list[list[str | None]]:
+            with conn.pipeline(), conn.transaction():
+                cursors = [conn.execute(text, params) for text in texts]
+            self.stats.add("statements", len(texts))
+            return [[row["name"] for row in cur.fetchall()] for cur in cursors]
+
+        return self._run(work)
 
     # -- the lock functions ----------------------------------------------------------
 
@@ -285,16 +293,12 @@ def _prepared(text: str, schema: str) -> Prepared:
 
 
 @cache
-def _notifying(statements: tuple[str, ...], channel: str) -> str:
-    """One statement running ``statements`` together and notifying every name they return.
-
-    Data-modifying CTEs all run, on one snapshot, whether referenced or not.
-    """
-    parts = [f"c{i} AS ({sql})" for i, sql in enumerate(statements)]
-    union = " UNION ALL ".join(f"SELECT {i} AS i, name FROM c{i}" for i in range(len(statements)))
+def _notifying(statement: str, channel: str) -> str:
+    """``statement``, notifying every name it returns (a data-modifying CTE runs whether
+    referenced or not)."""
     return (
-        f"WITH {', '.join(parts)}, changed AS ({union}), "
+        f"WITH changed AS ({statement}), "
         f"woken AS (SELECT pg_notify('{channel}', name) FROM "
         "(SELECT DISTINCT name FROM changed WHERE name IS NOT NULL) AS n) "
-        "SELECT i, name FROM changed, (SELECT count(*) FROM woken) AS w"
+        "SELECT name FROM changed, (SELECT count(*) FROM woken) AS w"
     )

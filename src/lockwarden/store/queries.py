@@ -270,6 +270,15 @@ DEQUEUE: Final = """
 DELETE FROM {p}lw_waiters WHERE request_id = :request AND session_id = :session
 """
 
+DEQUEUED: Final = DEQUEUE.rstrip() + " RETURNING name\n"
+"""`DEQUEUE` as a grant made by a release runs it, saying whether the queue entry was
+still there (design note, "Release": a grant and a close)."""
+
+UNGRANT: Final = """
+DELETE FROM {p}lw_holders WHERE request_id = :request AND session_id = :session
+"""
+"""Take back the grant just made to a request whose queue entry was gone (`DEQUEUED`)."""
+
 HOLDS_ANY: Final = """
 SELECT EXISTS (SELECT 1 FROM {p}lw_holders WHERE session_id = :session) AS holds
 """
@@ -474,13 +483,19 @@ DELETE FROM {p}lw_fences WHERE resource = :resource RETURNING token
 # -- changes that may let waiters in --------------------------------------------
 #
 # Each is a list of statements returning a ``name`` column: the lock names
-# whose waiters must be woken (NULL where a statement touches no name).
-# PostgreSQL runs a list as one statement that also notifies those names;
-# SQLite runs it in one transaction and wakes its own waiters.
+# whose waiters must be woken (NULL where a statement touches no name). Every
+# SQL backend runs a list in order, in one transaction, each statement seeing
+# what the ones before it did and what committed before it began; PostgreSQL
+# notifies the names, the others wake their waiters.
+#
+# Waiter rows go before holder rows: a grant in flight to one of the waiters
+# has deleted (so locked) the waiter's rows, and the deletion here waits for it
+# to end; the holder rows are then read after its commit, the new grant among
+# them (design note, "Release": a grant and a close).
 
 CLOSE_SESSION: Final = (
-    "DELETE FROM {p}lw_holders WHERE session_id = :session RETURNING name",
     "DELETE FROM {p}lw_waiters WHERE session_id = :session RETURNING name",
+    "DELETE FROM {p}lw_holders WHERE session_id = :session RETURNING name",
     "DELETE FROM {p}lw_sessions WHERE id = :session RETURNING CAST(NULL AS TEXT) AS name",
 )
 
@@ -498,14 +513,14 @@ EXPIRE_APP: Final = (
 longer live (the compare-and-swap of `EXPIRE_STALE`), or with :force every one."""
 
 RELEASE_EXPIRED_OF_APP: Final = (
-    "DELETE FROM {p}lw_holders WHERE session_id IN"
-    " (SELECT id FROM {p}lw_sessions WHERE app_id = :app_id AND expired) RETURNING name",
     "DELETE FROM {p}lw_waiters WHERE session_id IN"
     " (SELECT id FROM {p}lw_sessions WHERE app_id = :app_id AND expired) RETURNING name",
+    "DELETE FROM {p}lw_holders WHERE session_id IN"
+    " (SELECT id FROM {p}lw_sessions WHERE app_id = :app_id AND expired) RETURNING name",
 )
-"""`release_all`'s second step, in a transaction of its own (on PostgreSQL the statements
-of one change share a snapshot, which would not see the first step's marks): every
-lock and wait of the application's expired sessions goes."""
+"""`release_all`'s second step, once the first step's marks are committed: every lock and
+wait of the application's expired sessions goes (a grant that judged one of them live
+before the mark may still be in flight: waiters first)."""
 
 RECORD_ADMIN: Final = """
 INSERT INTO {p}lw_admin (id, at, action, subject, detail, host, pid)
@@ -524,11 +539,11 @@ so each count only grows (a Prometheus counter)."""
 BREAK_LOCK: Final = ("DELETE FROM {p}lw_holders WHERE name = :name RETURNING name",)
 
 CLEAN: Final = (
-    "DELETE FROM {p}lw_holders AS h WHERE NOT EXISTS (SELECT 1 FROM {p}lw_sessions AS s"
-    " WHERE s.id = h.session_id AND NOT s.expired) RETURNING name",
     "DELETE FROM {p}lw_waiters AS w WHERE w.expires_at <= {now}"
     " OR NOT EXISTS (SELECT 1 FROM {p}lw_sessions AS s"
     " WHERE s.id = w.session_id AND NOT s.expired) RETURNING name",
+    "DELETE FROM {p}lw_holders AS h WHERE NOT EXISTS (SELECT 1 FROM {p}lw_sessions AS s"
+    " WHERE s.id = h.session_id AND NOT s.expired) RETURNING name",
     "DELETE FROM {p}lw_sessions WHERE expired RETURNING CAST(NULL AS TEXT) AS name",
 )
 """Remove what is dead, after `EXPIRE_STALE` has marked it: expired sessions with

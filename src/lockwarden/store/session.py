@@ -259,7 +259,7 @@ class Store:
         force = validate.flag(force, "force")
         params = {"app_id": app_id, "force": force}
         self._backend.change(queries.EXPIRE_APP, params)
-        holders, _ = self._backend.change(queries.RELEASE_EXPIRED_OF_APP, params)
+        _, holders = self._backend.change(queries.RELEASE_EXPIRED_OF_APP, params)
         if force or holders:
             self._record(
                 "release_all", app_id, f"locks released: {len(holders)}{' (forced)' * force}"
@@ -343,7 +343,7 @@ class Store:
     def clean(self) -> Cleaned:
         """Remove expired sessions with their locks and waits, and waits past their deadline."""
         self._backend.query(queries.EXPIRE_STALE, write=True)
-        holders, waiters, sessions = self._backend.change(queries.CLEAN, {})
+        waiters, holders, sessions = self._backend.change(queries.CLEAN, {})
         return Cleaned(sessions=len(sessions), holders=len(holders), waiters=len(waiters))
 
     def locks(self, name: str | None = None) -> list[LockEntry]:
