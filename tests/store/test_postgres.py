@@ -475,13 +475,13 @@ def test_ctrl_c_interrupts_a_lock_call_the_server_has_not_answered(
     assert out == "interrupted\n"
 
 
-def _queue(session: Session, name: str) -> str:
-    """Queue a write request of ``session`` for ``name`` with no thread waiting on it;
-    return its request id."""
+def _queue(session: Session, name: str, mode: str = "X") -> str:
+    """Queue a request of ``session`` for ``name`` with no thread waiting on it; return
+    its request id."""
     request_id = secrets.token_hex(16)
     backend = session._store._backend
     attempt = backend.acquire(
-        AcquireRequest(session.id, request_id, (name,), ("X",), True, False, 60.0)
+        AcquireRequest(session.id, request_id, (name,), (mode,), True, False, 60.0)
     )
     assert attempt.status == "blocked"
     return request_id
@@ -524,15 +524,18 @@ def test_a_session_closing_while_a_release_grants_to_it_keeps_nothing(
             assert store.stats["statements"] - before == 2
 
 
+@pytest.mark.parametrize("mode", ["X", "S"])
 def test_a_release_grants_nothing_to_a_session_closing_meanwhile(
-    store: Store, pg_schema: str
+    store: Store, pg_schema: str, mode: str
 ) -> None:
     """A session closes, and before the close commits a release would grant to it: the
-    grant waits for the close and, the waiter gone, passes the lock to the next in line."""
+    grant waits for the close and, the waiter gone, passes the lock to the next in line.
+    A writer at the head is granted by one statement (`plpgsql._GRANT_HEAD`), a reader by
+    `lw_grant`'s loop: both dequeue before they grant."""
     d = queries.postgres(pg_schema)
     with store.session(app_id="h") as h, store.session(app_id="w") as w:
         held = h.lock("race")
-        _queue(w, "race")
+        _queue(w, "race", mode)
         with store.session(app_id="next") as nxt:
             after = _queue(nxt, "race")
             with pg_admin() as close:
