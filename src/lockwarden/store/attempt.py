@@ -188,11 +188,11 @@ def _grant_head(run: Run, name: str, engine: Engine) -> Told | None:
 def _dequeued(run: Run, params: dict[str, object]) -> bool:
     """Dequeue the request just granted; if its queue entry was gone, take the grant back.
 
-    A close deletes a session's waiter rows before its holder rows. Where it did so
-    first (MySQL: the deletion waited for its commit), this grant was made to a
-    session that is no longer there, and would outlive it; where the grant came
-    first, the close's deletion of the waiter rows waited for it, and its holder rows
-    are deleted by the close. (SQLite runs one transaction at a time: never taken back.)
+    A close deletes a session's waiter rows before its holder rows. Where the close
+    deleted them first (on MySQL this dequeue then waits for the close to commit), the
+    grant went to a session that is gone, and would outlive it; where the grant came
+    first, the close's deletion waits for it, and the close's next statement deletes
+    the new holder rows. (SQLite runs one transaction at a time: never taken back.)
     """
     if run(queries.DEQUEUED, params):
         return True
