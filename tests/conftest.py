@@ -27,7 +27,7 @@ from etcd3gw.client import Etcd3Client
 import lockwarden
 from chaos.etcd_cluster import EtcdCluster
 from lockwarden.store import Session, Store
-from lockwarden.store.backend import SQLBackend
+from lockwarden.store.backend import AcquireRequest, SQLBackend
 from lockwarden.store.url import mysql_options
 
 PG = os.environ.get("LOCKWARDEN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -133,6 +133,19 @@ def lease_slack(store: Store) -> float:
     """How much later than its TTL a store may find a silent session dead: etcd counts
     leases in whole seconds and its leader looks for expired ones every half second."""
     return 1.5 if store.url.startswith("etcd:") else 0.0
+
+
+def enqueue(session: Session, items: dict[str, str], wait: float | None = None) -> str:
+    """Queue a request for ``items`` (name: "S" or "X") with no thread waiting on it; its
+    request id."""
+    request_id = secrets.token_hex(16)
+    attempt = session._backend.acquire(
+        AcquireRequest(
+            session.id, request_id, tuple(items), tuple(items.values()), True, False, wait
+        )
+    )
+    assert attempt.status == "blocked"
+    return request_id
 
 
 def stop_heartbeat(session: Session) -> None:

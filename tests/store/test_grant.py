@@ -9,7 +9,6 @@ release grants one single-name request at most, and only when it releases one na
 from __future__ import annotations
 
 import itertools
-import secrets
 import time
 from collections.abc import Callable
 
@@ -19,25 +18,21 @@ from lockwarden import Deadlock, LockLost, LockTimeout
 from lockwarden.store import Session, Store, waiting
 from lockwarden.store.backend import AcquireRequest
 from lockwarden.store.wakeups import Subscription
-from tests.conftest import Background, Child, lease_slack, pg_admin, stop_heartbeat, wait_for
+from tests.conftest import (
+    Background,
+    Child,
+    enqueue,
+    lease_slack,
+    pg_admin,
+    stop_heartbeat,
+    wait_for,
+)
 
 
 @pytest.fixture(params=["pg_url", "sqlite_url", "mysql_url", "etcd_url"])
 def url(request: pytest.FixtureRequest) -> str:
     value: str = request.getfixturevalue(request.param)
     return value
-
-
-def enqueue(session: Session, items: dict[str, str], wait: float | None = None) -> str:
-    """Queue a request for ``items`` (name: "S" or "X"); its request id."""
-    request_id = secrets.token_hex(16)
-    attempt = session._backend.acquire(
-        AcquireRequest(
-            session.id, request_id, tuple(items), tuple(items.values()), True, False, wait
-        )
-    )
-    assert attempt.status == "blocked"
-    return request_id
 
 
 def grants_one(store: Store) -> bool:

@@ -32,7 +32,7 @@ from lockwarden.store.queries import (
     RECLAIM_DELETE,
 )
 from lockwarden.store.url import mysql_options
-from tests.conftest import Background, mysql_admin, wait_for
+from tests.conftest import Background, enqueue, mysql_admin, wait_for
 
 
 def _connections(database: str) -> list[int]:
@@ -384,12 +384,8 @@ def test_a_release_grants_nothing_to_a_session_closing_meanwhile(mysql_url: str)
             store.session(app_id="next") as nxt,
         ):
             held = h.lock("race")
-            queued = [
-                AcquireRequest(s.id, secrets.token_hex(16), ("race",), ("X",), True, False, None)
-                for s in (w, nxt)
-            ]
-            for request in queued:
-                assert store._backend.acquire(request).status == "blocked"
+            for queued in (w, nxt):
+                enqueue(queued, {"race": "X"})
             close = MySQLdb.connect(**mysql_options(mysql_url))
             try:
                 cur = close.cursor()

@@ -14,9 +14,9 @@ import pytest
 
 import lockwarden
 from lockwarden import LockTimeout, StoreError
-from lockwarden.store import Session, Store, plpgsql, queries
+from lockwarden.store import Store, plpgsql, queries
 from lockwarden.store.backend import AcquireRequest
-from tests.conftest import Background, pg_admin, wait_for
+from tests.conftest import Background, enqueue, pg_admin, wait_for
 
 
 @pytest.fixture
@@ -475,18 +475,6 @@ def test_ctrl_c_interrupts_a_lock_call_the_server_has_not_answered(
     assert out == "interrupted\n"
 
 
-def _queue(session: Session, name: str, mode: str = "X") -> str:
-    """Queue a request of ``session`` for ``name`` with no thread waiting on it; return
-    its request id."""
-    request_id = secrets.token_hex(16)
-    backend = session._store._backend
-    attempt = backend.acquire(
-        AcquireRequest(session.id, request_id, (name,), (mode,), True, False, 60.0)
-    )
-    assert attempt.status == "blocked"
-    return request_id
-
-
 def _holder_rows(schema: str, name: str) -> list[tuple[str, ...]]:
     """Every holder row of ``name``, whether or not its session is still there (`locks`
     shows only those joined to a session)."""
@@ -506,7 +494,7 @@ def test_a_session_closing_while_a_release_grants_to_it_keeps_nothing(
     row outlived the session: the name lost its one-statement acquire until `clean`.)"""
     with store.session(app_id="h") as h, store.session(app_id="w") as w:
         held = h.lock("race")
-        _queue(w, "race")
+        enqueue(w, {"race": "X"}, 60.0)
         with pg_admin() as release:
             release.execute("BEGIN")
             release.execute(
@@ -535,9 +523,9 @@ def test_a_release_grants_nothing_to_a_session_closing_meanwhile(
     d = queries.postgres(pg_schema)
     with store.session(app_id="h") as h, store.session(app_id="w") as w:
         held = h.lock("race")
-        _queue(w, "race", mode)
+        enqueue(w, {"race": mode}, 60.0)
         with store.session(app_id="next") as nxt:
-            after = _queue(nxt, "race")
+            after = enqueue(nxt, {"race": "X"}, 60.0)
             with pg_admin() as close:
                 close.execute("BEGIN")
                 first, *rest = queries.CLOSE_SESSION
