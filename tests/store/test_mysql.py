@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -416,3 +418,62 @@ def test_a_release_grants_nothing_to_a_session_closing_meanwhile(mysql_url: str)
                 assert [row[0] for row in raw.fetchall()] == [nxt.id]
     finally:
         store.close()
+
+
+def _signal_taken(pid: int, signum: int) -> bool:
+    """Whether ``signum`` sent to ``pid`` is no longer pending: its handler's flag is set."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    pending = {
+        k: int(v, 16)
+        for k, v in (line.split(":\t") for line in status.splitlines())
+        if k in ("SigPnd", "ShdPnd")
+    }
+    return not any(mask & (1 << (signum - 1)) for mask in pending.values())
+
+
+def test_ctrl_c_during_a_statement_is_a_keyboard_interrupt(mysql_url: str) -> None:
+    """A lock call waits inside the server (another transaction holds the name's bucket
+    row) when Ctrl-C comes; the driver's call goes on until the server answers, and the
+    interrupt is raised between the driver's reads, leaving the connection midway. It
+    reaches the caller as KeyboardInterrupt, and the lock is given back. (The driver's
+    cursor used to read on as it closed, and "Commands out of sync" came out as a
+    `StoreError` in its place.)"""
+    lockwarden.connect(mysql_url).close()  # the tables
+    code = (
+        "import os, sys, lockwarden\n"
+        "store = lockwarden.connect(sys.argv[1])\n"
+        "s = store.session(app_id='sigint')\n"
+        "s.lock('warm').release()\n"
+        "print('ready', flush=True)\n"
+        "try:\n"
+        "    s.lock('stuck', timeout=60)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', len(store.locks('stuck')), flush=True)\n"
+        "    os._exit(0)\n"
+    )
+    with MySQLdb.connect(**mysql_options(mysql_url)) as blocker, blocker.cursor() as cur:
+        cur.execute(f"SELECT id FROM lw_buckets WHERE id = {bucket('stuck')} FOR UPDATE")
+        child = subprocess.Popen(
+            [sys.executable, "-c", code, mysql_url], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert child.stdout is not None and child.stdout.readline() == "ready\n"
+            database = mysql_url.rsplit("/", 1)[1]
+
+            def waits_in_the_server() -> bool:
+                with mysql_admin() as conn, conn.cursor() as look:
+                    look.execute(
+                        "SELECT COUNT(*) FROM information_schema.PROCESSLIST"
+                        " WHERE DB = %s AND INFO LIKE '%%FOR UPDATE%%' AND ID != %s",
+                        (database, blocker.thread_id()),
+                    )
+                    return bool(look.fetchone()[0])
+
+            wait_for(waits_in_the_server, what="the lock call to wait for the bucket row")
+            child.send_signal(signal.SIGINT)
+            wait_for(lambda: _signal_taken(child.pid, signal.SIGINT), what="the signal")
+            blocker.rollback()  # the server answers the lock call
+            out, _ = child.communicate(timeout=30)
+        finally:
+            child.kill()
+    assert out == "interrupted 0\n"

@@ -293,6 +293,29 @@ def _import_driver() -> Any:
     return driver
 
 
+@cache
+def _cursor_class(driver: Any) -> Any:
+    """The driver's dict cursor, except that an exception not its own reads nothing more.
+
+    The driver's cursor, as it closes, reads what is left of the results. But an
+    exception raised by a signal's handler (Ctrl-C, the command line's stop
+    signals) between the driver's calls leaves the connection midway through an
+    answer, and that read fails with "Commands out of sync": the user would get a
+    `StoreError` in place of their KeyboardInterrupt. Such a connection is never
+    read again: the pool closes a connection whose work raised, and the server
+    then rolls back its transaction and frees its named locks.
+    """
+
+    class Cursor(driver.cursors.DictCursor):  # type: ignore[misc]
+        def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+            if kind is None or issubclass(kind, driver.Error):
+                self.close()
+            else:
+                self.connection = None
+
+    return Cursor
+
+
 def bucket(name: str) -> int:
     """The bucket row that serializes requests for ``name``."""
     return zlib.crc32(name.encode()) & (BUCKETS - 1)
@@ -328,7 +351,7 @@ class MySQLBackend(SQLBackend):
             **options,
             charset="utf8mb4",
             autocommit=True,
-            cursorclass=self._driver.cursors.DictCursor,
+            cursorclass=_cursor_class(self._driver),
             # UPDATE reports the rows it matched, not only those it changed.
             # MULTI_STATEMENTS: a transaction opens and locks its buckets in one round trip.
             client_flag=CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS,
@@ -416,10 +439,10 @@ class MySQLBackend(SQLBackend):
                     f"lock store {self.url.display}: another process has been creating or "
                     "upgrading the tables for a minute; try again"
                 )
-            try:
-                return work(run)
-            finally:
-                self._execute(conn, "DO RELEASE_LOCK(%(key)s)", {"key": key})
+            result = work(run)
+            # After a failure the pool closes the connection, which frees the lock.
+            self._execute(conn, "DO RELEASE_LOCK(%(key)s)", {"key": key})
+            return result
 
         return self._run(run_in)
 
