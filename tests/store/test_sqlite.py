@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 import sys
 import threading
@@ -371,3 +372,49 @@ def _open_at_once(target: str, count: int) -> list[BaseException]:
     for thread in threads:
         thread.join()
     return failures
+
+
+class _Interrupt(BaseException):
+    """What a signal's handler raises here, as Ctrl-C raises KeyboardInterrupt."""
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise _Interrupt
+
+
+def test_a_writer_interrupted_while_waiting_its_turn_leaves_the_queue() -> None:
+    """Ctrl-C while the main thread waits its turn to write behind another thread of the
+    process: it leaves the queue, and the holder's exit lets the next writer in. (The
+    turn used to stay queued: the lock passed to a thread no longer waiting, and every
+    writer of the process waited for ever.)"""
+    fair = sqlite._FairLock()
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with fair:
+            inside.set()
+            leave.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    inside.wait()
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)  # while the main thread waits below
+        with pytest.raises(_Interrupt):
+            fair.__enter__()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    leave.set()
+    holder.join()
+    wrote = threading.Event()
+
+    def write() -> None:
+        with fair:
+            wrote.set()
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    writer.join(timeout=5)
+    assert wrote.is_set()

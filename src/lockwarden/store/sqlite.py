@@ -154,6 +154,18 @@ def _note_boot(run: Run) -> None:
         run(_TOKENS_MOVE_ON)
 
 
+class _Turn:
+    """A thread's place in a `_FairLock`'s queue."""
+
+    __slots__ = ("gate", "given")
+
+    def __init__(self) -> None:
+        self.gate = threading.Lock()
+        self.gate.acquire()  # the waiter blocks on it until the holder releases it
+        self.given = False
+        """Set (under the mutex) by the holder that hands the lock over to this turn."""
+
+
 class _FairLock:
     """A lock granted in arrival order, around this store's write transactions.
 
@@ -161,29 +173,50 @@ class _FairLock:
     to back would keep winning, and a heartbeat waiting behind it could miss
     its TTL. Ownership passes straight to the longest waiter instead.
     (Writers in other processes still meet SQLite's polling.)
+
+    An exception raised by a signal's handler (Ctrl-C) can come at any call,
+    even while the lock is being handed to this thread; whatever this thread
+    owns by then is passed on, and a turn still queued leaves the queue.
+    Otherwise the lock would pass to a thread no longer waiting, and every
+    writer of the process would wait for ever.
     """
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
-        self._queue: deque[threading.Lock] = deque()
+        self._queue: deque[_Turn] = deque()
         self._held = False
 
     def __enter__(self) -> None:
-        with self._mutex:
-            if not self._held:
-                self._held = True
-                return
-            gate = threading.Lock()
-            gate.acquire()
-            self._queue.append(gate)
-        gate.acquire()  # released by the holder handing over
+        turn: _Turn | None = None
+        mine = False
+        try:
+            with self._mutex:
+                if not self._held:
+                    self._held = mine = True
+                    return
+                turn = _Turn()
+                self._queue.append(turn)
+            turn.gate.acquire()  # released by the holder handing over
+        except BaseException:
+            with self._mutex:
+                if turn is not None and turn in self._queue:
+                    self._queue.remove(turn)
+                elif mine or (turn is not None and turn.given):
+                    self._pass_on()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         with self._mutex:
-            if self._queue:
-                self._queue.popleft().release()
-            else:
-                self._held = False
+            self._pass_on()
+
+    def _pass_on(self) -> None:
+        """Hand the lock to the longest waiter, or free it (the mutex held)."""
+        if self._queue:
+            turn = self._queue.popleft()
+            turn.given = True
+            turn.gate.release()
+        else:
+            self._held = False
 
 
 class _Writer:
@@ -212,8 +245,10 @@ class _Writer:
             raise
 
     def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
-        self._fair.__exit__()
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:  # even if a signal's handler raised as the call returned
+            self._fair.__exit__()
 
     def close(self) -> None:
         os.close(self._fd)
