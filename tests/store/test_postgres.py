@@ -16,6 +16,7 @@ import lockwarden
 from lockwarden import LockTimeout, StoreError
 from lockwarden.store import Store, plpgsql, queries
 from lockwarden.store.backend import AcquireRequest
+from lockwarden.store.pgconn import Prepared
 from tests.conftest import Background, enqueue, pg_admin, wait_for
 
 
@@ -537,3 +538,41 @@ def test_a_release_grants_nothing_to_a_session_closing_meanwhile(
                 close.execute("COMMIT")
                 releasing.result()
             assert _holder_rows(pg_schema, "race") == [(nxt.id, after)]
+
+
+class _Interrupt(BaseException):
+    """What a signal's handler raises here, as Ctrl-C raises KeyboardInterrupt."""
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise _Interrupt
+
+
+def test_a_statement_whose_wait_is_interrupted_has_ended_when_the_caller_hears(
+    store: Store, pg_schema: str
+) -> None:
+    """Ctrl-C while a prepared call waits for the server: by the time the exception
+    reaches the caller, the statement was cancelled and rolled back. (The server used
+    to go on with it and commit it later: a lock call giving its request back at once
+    could do so before its own grant committed, and the grant then stayed held.)"""
+    connections = store._backend._connections  # type: ignore[attr-defined]
+    with pg_admin() as admin:
+        admin.execute(f"CREATE TABLE {pg_schema}.marks (n integer)")
+    sql = f"WITH nap AS (SELECT pg_sleep(1.0)) INSERT INTO {pg_schema}.marks SELECT 1 FROM nap"
+    slow = Prepared(b"lw_test_slow", sql.encode())
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)  # while the call waits below
+        with pytest.raises(_Interrupt):
+            connections.run(lambda conn: connections.call(conn, slow, []), lambda: None)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    with pg_admin() as admin:
+        running = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(1.0)%'"
+            " AND state = 'active' AND pid != pg_backend_pid()"
+        ).fetchone()
+        assert running == (0,)
+        time.sleep(1.2)  # past the end of the statement, had it gone on
+        assert admin.execute(f"SELECT count(*) FROM {pg_schema}.marks").fetchone() == (0,)

@@ -59,6 +59,8 @@ POOL_IDLE = 60.0
 """Seconds an idle pooled connection above the first is kept."""
 RETRY_DELAYS = (0.05, 0.2, 0.8)
 """Pauses (before jitter) before each retry of a statement that failed transiently."""
+SETTLE = 5.0
+"""Seconds a statement whose wait was cut short is given to end, once cancelled."""
 
 TextArgs = list[bytes | None]
 """A prepared statement's parameters, as UTF-8 text (None for NULL)."""
@@ -204,10 +206,18 @@ class Connections:
         """``send`` one request with libpq's asynchronous calls and wait for its result
         in `select.poll`: a signal's handler runs meanwhile (Ctrl-C interrupts the wait,
         as it does a cursor's), where the blocking ``PQexecPrepared`` would stay deaf for
-        as long as the server is silent. A connection left mid-statement is closed by
-        the pool when it comes back."""
+        as long as the server is silent. The statement is then settled (`_settle`); the
+        pool closes the connection when it comes back."""
         pgconn = conn.pgconn
         send()
+        try:
+            return self._result(pgconn)
+        except BaseException:
+            self._settle(conn)
+            raise
+
+    def _result(self, pgconn: Any) -> PGresult:
+        """The last result of the request sent on ``pgconn``, waited for in a poll."""
         poll = select.poll()
         poll.register(pgconn.socket, select.POLLIN | select.POLLOUT)
         while pgconn.flush():  # the request did not fit into the socket at once
@@ -225,6 +235,39 @@ class Connections:
                 raise self._psycopg.OperationalError("the server sent no result")
             else:
                 return last
+
+    def _settle(self, conn: Connection) -> None:
+        """Cancel the statement whose wait an exception cut short, and wait (`SETTLE`
+        seconds at most) for it to end.
+
+        The server goes on with a statement whose client stopped listening, and
+        commits it. What the caller does next, on another connection, must come
+        after that: a lock call interrupted by Ctrl-C gives its request back, and a
+        grant committed after that give-back would stay held, by a request nobody
+        knows of, until the session ends. Cancelled, a statement still running
+        rolls back; one that has committed just answers. (psycopg's own cursors
+        cancel an interrupted statement and wait for it likewise.) Past `SETTLE`
+        the outcome stays unknown, as it is when the server cannot be reached.
+        """
+        pgconn = conn.pgconn
+        if pgconn.transaction_status != self._psycopg.pq.TransactionStatus.ACTIVE:
+            return
+        deadline = time.monotonic() + SETTLE
+        poll = select.poll()
+        poll.register(pgconn.socket, select.POLLIN)
+        try:
+            conn.cancel_safe(timeout=SETTLE)
+            while True:
+                pgconn.consume_input()
+                if not pgconn.is_busy():
+                    if pgconn.get_result() is None:
+                        return
+                elif (left := deadline - time.monotonic()) <= 0:
+                    return
+                else:
+                    poll.poll(left * 1000)
+        except Exception:  # the connection failed too: the caller's exception tells
+            return
 
     def error(self, exc: BaseException) -> StoreError:
         """The `StoreError` for a driver's failure: the store and the cause, no secret.
