@@ -112,6 +112,34 @@ def test_an_observer_that_raises_never_fails_a_lock_call(
     assert "observer bug" in caplog.text
 
 
+@pytest.mark.parametrize("many", [False, True], ids=["lock", "lock_many"])
+def test_ctrl_c_between_the_grant_and_the_caller_gives_the_lock_back(
+    store: Store, many: bool
+) -> None:
+    """Ctrl-C while the grant is being reported (here an observer's KeyboardInterrupt)
+    comes after the database granted the lock and before the caller has its stamp:
+    the session gives the request back, and the name is free for the next one rather
+    than held by a stamp nobody has until the session ends."""
+
+    class Interrupting(hooks.Observer):
+        def acquired(self, name: str, mode: str, waited: float) -> None:
+            raise KeyboardInterrupt
+
+    with store.session(app_id="a") as a, store.session(app_id="b") as b:
+        stop = hooks.subscribe(Interrupting())
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                if many:
+                    a.lock_many([("x", "write"), ("y", "read")])
+                else:
+                    a.lock("x")
+        finally:
+            stop()
+        assert a.held == []
+        assert store.locks() == []
+        b.lock("x", timeout=5).release()
+
+
 def test_unsubscribed_observers_and_the_debug_log(
     store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:

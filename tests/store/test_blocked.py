@@ -171,9 +171,9 @@ def test_a_holder_gone_stale_meanwhile_is_left_to_an_attempt(store: Store) -> No
         stop_heartbeat(stale)
         time.sleep(0.5)
         want = waiting.Want(
-            w.id, (("line", Mode.X),), None, False, None, 0.0, LockLost, lambda *_: None
+            w.id, request, (("line", Mode.X),), None, False, None, 0.0, LockLost, lambda *_: None
         )
-        assert waiting._look(store._backend, want, request, queued) is None
-        refusing = waiting._look(store._backend, want._replace(refuse=True), request, queued)
+        assert waiting._look(store._backend, want, queued) is None
+        refusing = waiting._look(store._backend, want._replace(refuse=True), queued)
         assert refusing is not None
         assert [(r["app_id"], r["live"]) for r in refusing.rows or ()] == [("stale", False)]

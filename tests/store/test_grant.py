@@ -256,7 +256,7 @@ def test_processes_contending_for_one_lock_take_turns(
 
 @pytest.mark.parametrize("entry", ["first attempt", "waiting loop"])
 def test_a_multi_lock_partly_taken_back_before_its_waiter_looked_is_lost_and_given_back(
-    store: Store, entry: str, monkeypatch: pytest.MonkeyPatch
+    store: Store, entry: str
 ) -> None:
     """A release grants both names; one is broken before the waiter learns of its grant.
     The waiter's next look finds half a grant: `LockLost`, and the other half given back
@@ -271,15 +271,12 @@ def test_a_multi_lock_partly_taken_back_before_its_waiter_looked_is_lost_and_giv
         assert attempt_again(m, request_id, {"pa": "X", "pb": "X"}) == "granted"
     assert holders(store, "pa") == holders(store, "pb") == [("m", "X")]
     store.break_lock("pa")
-    want = m._want([("pa", "write"), ("pb", "write")], 5.0, None)
+    want = m._want([("pa", "write"), ("pb", "write")], 5.0, None)._replace(request_id=request_id)
     with pytest.raises(LockLost, match="'pa' had been taken over") as lost:
         if entry == "first attempt":
-            monkeypatch.setattr(waiting, "random_hex", lambda _: request_id)
             waiting.acquire(m._backend, want)
         else:
-            steps = waiting.acquire_steps(m._backend, want, request_id=request_id)
-            waiting.run_sync(steps, m._backend.wakeups)
+            waiting.run_sync(waiting.acquire_steps(m._backend, want), m._backend.wakeups)
     assert lost.value.name == "pa"
     assert holders(store, "pb") == [] and queued(store, "pb") == []
-    monkeypatch.undo()
     assert m.lock_many([("pa", "write"), ("pb", "write")], timeout=5).release() is None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from lockwarden.store.wakeups import Subscription, Wakeups
 
 
@@ -79,6 +81,24 @@ def test_removing_is_idempotent_and_forgets_the_request() -> None:
     assert wakeups.waiting == 0
     wakeups.address("r1", (1,))  # remembered for a later subscriber, not delivered to sub
     assert sub.wait(0) is False
+
+
+def test_a_subscription_cut_short_by_ctrl_c_is_removed_all_the_same() -> None:
+    """Ctrl-C as `add` wakes a new subscriber for its first name: the rest of its names
+    were never registered, and `remove` (run on the way out) leaves them be, rather
+    than fail with a KeyError in place of the KeyboardInterrupt."""
+
+    class Interrupted(Subscription):
+        def notify(self) -> None:
+            raise KeyboardInterrupt
+
+    wakeups = _wakeups()
+    wakeups.wake(["a", "b"])
+    sub = Interrupted(frozenset({"a", "b"}), "r1")
+    with pytest.raises(KeyboardInterrupt):
+        wakeups.add(sub, since=0.0)
+    wakeups.remove(sub)
+    assert wakeups.waiting == 0
 
 
 def test_the_first_waiter_looks_again_once_the_source_of_wake_ups_has_started() -> None:

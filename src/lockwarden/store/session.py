@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, NamedTuple, TypeVar
 from lockwarden import hooks
 from lockwarden.errors import (
     Deadlock,
+    LockError,
     LockLost,
     LockTimeout,
     LockUsageError,
@@ -65,7 +66,7 @@ from lockwarden.store.status import (
     holder_of,
 )
 from lockwarden.store.url import StoreURL, parse_url
-from lockwarden.store.waiting import Grant, Want, acquire, acquire_steps, describe
+from lockwarden.store.waiting import Grant, Want, acquire, acquire_steps, describe, give_back
 
 if TYPE_CHECKING:
     from lockwarden.store.aio import AsyncAcquire
@@ -485,7 +486,7 @@ class Session:
         if this session has lost its locks.
         """
         want = self._want([(name, mode)], timeout, on_stale)
-        return self._finish(self._run(want), want, HeldLock)
+        return self._take(want, HeldLock)
 
     def try_lock(self, name: str, mode: Mode | str = "write") -> HeldLock | None:
         """One attempt: the lock, or None if it is busy (other failures raise as in `lock`)."""
@@ -502,7 +503,7 @@ class Session:
     ) -> Stamp:
         """Acquire every (name, mode) at once or none of them; waits like `lock`."""
         want = self._want(items, timeout, on_stale)
-        return self._finish(self._run(want), want, Stamp)
+        return self._take(want, Stamp)
 
     def try_lock_many(self, items: Iterable[tuple[str, Mode | str]]) -> Stamp | None:
         """One all-or-nothing attempt: the stamp, or None if any of the locks is busy."""
@@ -552,6 +553,7 @@ class Session:
         self._raise_if_unusable()
         return Want(
             session_id=self.id,
+            request_id=random_hex(16),
             items=checked,
             timeout=wait,
             refuse=refuse,
@@ -560,6 +562,28 @@ class Session:
             lost=lambda: self._lose("the database no longer counts this session as live"),
             abandon=self._abandon,
         )
+
+    def _take(self, want: Want, kind: type[S]) -> S:
+        """The stamp of ``want``, granted and recorded as this session's; or the request
+        given back, whatever cut the call short.
+
+        A `LockError` comes from the waiting loop, which gave back what the
+        request left. Any other exception (KeyboardInterrupt; whatever a signal's
+        handler or an observer raises) may come after the database granted the
+        request and before its stamp is recorded, when nobody has the stamp to
+        release it: the lock would stay held until the session ends. The request
+        is given back once more; a release of a request id deletes only its rows,
+        so giving back twice costs a round trip and nothing else.
+        """
+        try:
+            return self._finish(self._run(want), want, kind)
+        except LockError:
+            raise
+        except BaseException as exc:
+            with self._lock:
+                self._held.pop(want.request_id, None)
+            give_back(want, exc)
+            raise
 
     def _run(self, want: Want) -> Grant:
         if not hooks.active():
@@ -613,14 +637,20 @@ class Session:
                 f"{stamp!r} belongs to another session ({stamp.session.id[:8]}), not this "
                 f"one ({self.id[:8]}): release it through the session that took it"
             )
-        with self._lock:  # taken out first: of two releases racing, one gets NotHeld
-            if self._held.get(stamp.id) is not stamp:
-                raise NotHeld(f"{stamp!r} is not held: it was never granted or is already released")
-            del self._held[stamp.id]
         names = [g.name for g in stamp.locks]
+        taken = False  # out of `_held`: from then on, this call sees the release through
         try:
+            with self._lock:  # taken out first: of two releases racing, one gets NotHeld
+                if self._held.get(stamp.id) is not stamp:
+                    raise NotHeld(
+                        f"{stamp!r} is not held: it was never granted or is already released"
+                    )
+                del self._held[stamp.id]
+                taken = True
             deleted = self._backend.release(self.id, stamp.id, names)
         except BaseException as exc:
+            if not taken:
+                raise
             self._retry_release(stamp.id, names)
             if isinstance(exc, StoreError):
                 raise StoreError(

@@ -39,7 +39,7 @@ from lockwarden.errors import (
 )
 from lockwarden.modes import Mode
 from lockwarden.store import process, queries
-from lockwarden.store.backend import AcquireRequest, Attempt, Backend, Row, random_hex
+from lockwarden.store.backend import AcquireRequest, Attempt, Backend, Row
 from lockwarden.store.status import holder_of
 from lockwarden.store.validate import MAX_WAIT
 from lockwarden.store.wakeups import Subscription, Wakeups, Woken
@@ -145,6 +145,9 @@ class Want(NamedTuple):
     """A lock request as the waiting loop needs it."""
 
     session_id: str
+    request_id: str
+    """Chosen by the session before the first attempt and kept across attempts, so that
+    whatever cuts the call short, the session knows which request to give back."""
     items: tuple[tuple[str, Mode], ...]
     timeout: float | None
     refuse: bool
@@ -163,7 +166,7 @@ def acquire(backend: Backend, want: Want) -> Grant:
     The first attempt is a plain call; only if it is blocked (or needs a
     lock delay, or failed) does the waiting loop take over from it.
     """
-    request_id = random_hex(16)
+    request_id = want.request_id
     epoch, since = backend.wakeups.epoch, time.monotonic()
     names = tuple(name for name, _ in want.items)
     try:
@@ -179,15 +182,13 @@ def acquire(backend: Backend, want: Want) -> Grant:
             )
         )
     except BaseException as exc:  # even a failed call may have committed
-        _abandon(want.abandon, request_id, names, exc)
+        give_back(want, exc)
         raise
     whole = len(first.tokens) == len(names)  # else partly taken back: `_granted` decides
     if first.status == "granted" and whole and not (first.reclaimed and want.lock_delay):
         _report_reclaim(first, names)
         return request_id, first.tokens
-    steps = acquire_steps(
-        backend, want, request_id=request_id, first=first, since=since, epoch=epoch
-    )
+    steps = acquire_steps(backend, want, first=first, since=since, epoch=epoch)
     return run_sync(steps, backend.wakeups)
 
 
@@ -202,7 +203,6 @@ def acquire_steps(
     backend: Backend,
     want: Want,
     *,
-    request_id: str | None = None,
     first: Attempt | None = None,
     since: float | None = None,
     epoch: int | None = None,
@@ -210,10 +210,9 @@ def acquire_steps(
     """Acquire ``want.items`` all or nothing; return the request id and each name's token.
 
     ``first``: the outcome of a first attempt already made (by `acquire`),
-    with its ``request_id``, when it began (``since``) and the `Wakeups.epoch`
-    read before it.
+    when it began (``since``) and the `Wakeups.epoch` read before it.
     """
-    request_id = request_id or random_hex(16)
+    request_id = want.request_id
     epoch = backend.wakeups.epoch if epoch is None else epoch
     since = time.monotonic() if since is None else since
     names = tuple(name for name, _ in want.items)
@@ -261,14 +260,14 @@ def acquire_steps(
                 backend.stats.add("handed")  # granted by a release: no attempt needed
                 return request_id, dict(zip(names, woken, strict=True))
             if attempt.rows is None and not woken:
-                attempt = yield Call(partial(_look, backend, want, request_id, attempt))
+                attempt = yield Call(partial(_look, backend, want, attempt))
             else:
                 attempt = None
     except GeneratorExit:
         raise
     except BaseException as exc:
         if left_rows:
-            yield Call(partial(_abandon, want.abandon, request_id, names, exc))
+            yield Call(partial(give_back, want, exc))
         raise
 
 
@@ -331,7 +330,7 @@ def _until(
     return remaining, blocked.recheck
 
 
-def _look(backend: Backend, want: Want, request_id: str, queued: Attempt) -> Attempt | None:
+def _look(backend: Backend, want: Want, queued: Attempt) -> Attempt | None:
     """What is in the way of a request that queued without looking (`queries.BLOCKED_BY_LIVE`)
     and has waited `PID_POLL` (or to its deadline; with a ``max_hold``, not at all) without
     a grant: as a blocked attempt would have found it, or None to make an attempt instead.
@@ -349,7 +348,7 @@ def _look(backend: Backend, want: Want, request_id: str, queued: Attempt) -> Att
         for row in backend.query(
             queries.IN_THE_WAY,
             {
-                "request": request_id,
+                "request": want.request_id,
                 "name": name,
                 "mode": mode.value,
                 "seq": queued.seq,
@@ -395,16 +394,12 @@ def _mortal(row: Row) -> bool:
     )
 
 
-def _abandon(
-    abandon: Callable[[str, Sequence[str]], object],
-    request_id: str,
-    names: Sequence[str],
-    exc: BaseException,
-) -> None:
-    """Remove what a request that gives up left: queue entries, or a grant made meanwhile
-    (`Want.abandon`, which retries in the background if the database cannot be reached)."""
+def give_back(want: Want, exc: BaseException) -> None:
+    """Remove what a request that gives up with ``exc`` left: queue entries, or a grant
+    made meanwhile (`Want.abandon`, which retries in the background if the database
+    cannot be reached). ``exc`` is what the caller gets, with a note if this failed."""
     try:
-        abandon(request_id, names)
+        want.abandon(want.request_id, [name for name, _ in want.items])
     except Exception as cleanup:  # the original error matters more
         exc.add_note(f"removing the abandoned request also failed: {cleanup}")
 

@@ -142,13 +142,16 @@ class Wakeups:
                 sub.notify()
 
     def remove(self, sub: Subscription) -> None:
-        """Unregister ``sub`` (nothing happens if it is not registered)."""
+        """Unregister ``sub`` (nothing happens if it is not registered, or only partly:
+        an exception from a signal's handler may have cut `add` short)."""
         with self._lock:
             if sub not in self._subs:
                 return
             self._subs.discard(sub)
             for name in sub.names:
-                subs = self._by_name[name]
+                subs = self._by_name.get(name)
+                if subs is None:
+                    continue
                 subs.discard(sub)
                 if not subs:
                     del self._by_name[name]
