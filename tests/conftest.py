@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +158,29 @@ def stop_heartbeat(session: Session) -> None:
 def resume_heartbeat(session: Session) -> None:
     """Let a silenced session's heartbeat thread run again, as if its process thawed."""
     session._store._heartbeat.add(session)
+
+
+class Interrupt(BaseException):
+    """What a signal's handler raises in `interrupted_after`, as Ctrl-C raises
+    KeyboardInterrupt."""
+
+
+@contextmanager
+def interrupted_after(seconds: float) -> Iterator[None]:
+    """Raise `Interrupt` from a SIGALRM handler ``seconds`` into the block, in the main
+    thread (where Ctrl-C's KeyboardInterrupt comes); the block must end by it."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        with pytest.raises(Interrupt):
+            yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:

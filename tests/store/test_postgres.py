@@ -17,7 +17,7 @@ from lockwarden import LockTimeout, StoreError
 from lockwarden.store import Store, plpgsql, queries
 from lockwarden.store.backend import AcquireRequest
 from lockwarden.store.pgconn import Prepared
-from tests.conftest import Background, enqueue, pg_admin, wait_for
+from tests.conftest import Background, enqueue, interrupted_after, pg_admin, wait_for
 
 
 @pytest.fixture
@@ -540,14 +540,6 @@ def test_a_release_grants_nothing_to_a_session_closing_meanwhile(
             assert _holder_rows(pg_schema, "race") == [(nxt.id, after)]
 
 
-class _Interrupt(BaseException):
-    """What a signal's handler raises here, as Ctrl-C raises KeyboardInterrupt."""
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise _Interrupt
-
-
 def test_a_statement_whose_wait_is_interrupted_has_ended_when_the_caller_hears(
     store: Store, pg_schema: str
 ) -> None:
@@ -560,14 +552,8 @@ def test_a_statement_whose_wait_is_interrupted_has_ended_when_the_caller_hears(
         admin.execute(f"CREATE TABLE {pg_schema}.marks (n integer)")
     sql = f"WITH nap AS (SELECT pg_sleep(1.0)) INSERT INTO {pg_schema}.marks SELECT 1 FROM nap"
     slow = Prepared(b"lw_test_slow", sql.encode())
-    previous = signal.signal(signal.SIGALRM, _interrupt)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.2)  # while the call waits below
-        with pytest.raises(_Interrupt):
-            connections.run(lambda conn: connections.call(conn, slow, []), lambda: None)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    with interrupted_after(0.2):  # while the call waits
+        connections.run(lambda conn: connections.call(conn, slow, []), lambda: None)
     with pg_admin() as admin:
         running = admin.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(1.0)%'"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import sqlite3
 import sys
 import threading
@@ -15,7 +14,7 @@ import pytest
 from lockwarden import LockLost, LockUsageError
 from lockwarden.modes import Mode
 from lockwarden.store import Store, connect, queries, sqlite
-from tests.conftest import Background, Child, wait_for
+from tests.conftest import Background, Child, interrupted_after, wait_for
 
 
 @pytest.fixture
@@ -374,14 +373,6 @@ def _open_at_once(target: str, count: int) -> list[BaseException]:
     return failures
 
 
-class _Interrupt(BaseException):
-    """What a signal's handler raises here, as Ctrl-C raises KeyboardInterrupt."""
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise _Interrupt
-
-
 def test_a_writer_interrupted_while_waiting_its_turn_leaves_the_queue() -> None:
     """Ctrl-C while the main thread waits its turn to write behind another thread of the
     process: it leaves the queue, and the holder's exit lets the next writer in. (The
@@ -398,14 +389,8 @@ def test_a_writer_interrupted_while_waiting_its_turn_leaves_the_queue() -> None:
     holder = threading.Thread(target=hold)
     holder.start()
     inside.wait()
-    previous = signal.signal(signal.SIGALRM, _interrupt)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.2)  # while the main thread waits below
-        with pytest.raises(_Interrupt):
-            fair.__enter__()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    with interrupted_after(0.2):  # while the main thread waits its turn
+        fair.__enter__()
     leave.set()
     holder.join()
     wrote = threading.Event()
