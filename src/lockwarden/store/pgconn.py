@@ -245,9 +245,11 @@ class Connections:
         after that: a lock call interrupted by Ctrl-C gives its request back, and a
         grant committed after that give-back would stay held, by a request nobody
         knows of, until the session ends. Cancelled, a statement still running
-        rolls back; one that has committed just answers. (psycopg's own cursors
-        cancel an interrupted statement and wait for it likewise.) Past `SETTLE`
-        the outcome stays unknown, as it is when the server cannot be reached.
+        rolls back; one that has committed just answers. Past `SETTLE` the outcome
+        stays unknown, as it is when the server cannot be reached. (psycopg's own
+        ``Connection.wait`` does the same, 5 s too, but only for KeyboardInterrupt and
+        SystemExit, not the command line's stop signals; and the prepared calls do not
+        go through it: `_exchange`.)
         """
         pgconn = conn.pgconn
         if pgconn.transaction_status != self._psycopg.pq.TransactionStatus.ACTIVE:
