@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -16,7 +16,8 @@ import lockwarden
 from lockwarden import LockTimeout, StoreError
 from lockwarden.store import Store, plpgsql, queries
 from lockwarden.store.backend import AcquireRequest
-from lockwarden.store.pgconn import Prepared
+from lockwarden.store.pgconn import Connections, Prepared
+from lockwarden.store.url import parse_url
 from tests.conftest import Background, enqueue, interrupted_after, pg_admin, wait_for
 
 
@@ -134,6 +135,93 @@ def test_connections_carry_the_application_name_of_the_url(pg_url: str) -> None:
         assert "billing-7" in names(named)
     with lockwarden.connect(pg_url) as default:
         assert "lockwarden" in names(default)
+
+
+@pytest.fixture
+def named(pg_url: str) -> Iterator[tuple[Connections, str]]:
+    """A store's connections, under an application name of their own."""
+    app = f"lw-kept-{secrets.token_hex(3)}"
+    connections = Connections(parse_url(f"{pg_url}&application_name={app}"))
+    yield connections, app
+    connections.close()
+
+
+def server_pid(
+    connections: Connections,
+    sql: str = "SELECT pg_backend_pid() AS pid",
+    on_retry: Callable[[], object] = lambda: None,
+) -> int:
+    """Run ``sql`` as a store's statements run; the server pid it returns."""
+
+    def work(conn: Any) -> int:
+        row = conn.execute(sql).fetchone()
+        assert row is not None
+        return int(row["pid"])
+
+    return connections.run(work, on_retry)
+
+
+SLOW = "SELECT pg_sleep({seconds}), pg_backend_pid() AS pid"
+
+
+def open_connections(app: str) -> int:
+    with pg_admin() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_calls_in_turn_share_the_kept_connection_and_overlapping_calls_do_not_wait(
+    named: tuple[Connections, str],
+) -> None:
+    connections, _ = named
+    server_pid(connections)  # the connection that opened the store serves once, then closes
+    kept = server_pid(connections)
+    assert server_pid(connections) == kept
+    busy = Background(
+        lambda: server_pid(connections, "SELECT pg_sleep(2), pg_backend_pid() AS pid")
+    )
+    wait_for(lambda: busy_on(kept), what="the slow statement to start on the kept connection")
+    other = server_pid(connections)  # a pooled connection, at once
+    assert busy.is_alive() and other != kept
+    assert busy.result() == kept
+    assert server_pid(connections) == kept
+
+
+def busy_on(pid: int) -> bool:
+    with pg_admin() as conn:
+        row = conn.execute(
+            "SELECT query LIKE %s FROM pg_stat_activity WHERE pid = %s", ("%pg_sleep%", pid)
+        ).fetchone()
+    return row == (True,)
+
+
+def test_a_kept_connection_that_broke_is_replaced(named: tuple[Connections, str]) -> None:
+    connections, _ = named
+    server_pid(connections)
+    kept = server_pid(connections)
+    terminate(kept)
+    retries: list[None] = []
+    replaced = server_pid(connections, on_retry=lambda: retries.append(None))
+    assert replaced != kept and len(retries) == 1  # the call failed on it and was retried
+    assert server_pid(connections) == replaced
+
+
+def test_closing_closes_the_kept_connection_even_while_a_call_uses_it(
+    named: tuple[Connections, str],
+) -> None:
+    connections, app = named
+    server_pid(connections)
+    kept = server_pid(connections)
+    busy = Background(
+        lambda: server_pid(connections, "SELECT pg_sleep(1), pg_backend_pid() AS pid")
+    )
+    wait_for(lambda: busy_on(kept), what="the slow statement to start on the kept connection")
+    connections.close()
+    assert busy.result() == kept
+    wait_for(lambda: open_connections(app) == 0, what="every connection of the store to close")
 
 
 def test_connection_killed_mid_acquire_grants_once(store: Store, pg_schema: str) -> None:

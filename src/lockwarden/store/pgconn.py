@@ -19,6 +19,14 @@ fleet of clients does not come back in step after a restart. Then the caller
 gets one `StoreError` naming the store (without password) and the cause, with
 every form of the password removed from the driver's message.
 
+One pooled connection is kept out of the pool (`Connections.run`): a call
+that finds it free uses it without the pool's check-out and return (about
+20 µs of client CPU a call; the store's design note, "Cost"); a call that
+finds it busy, on another thread, takes one from the pool. It goes back to
+the pool whenever a call on it fails, leaves a transaction open, or has
+served `KEEP_FOR` seconds, so the pool's own rules (reset, replacement of a
+broken connection, lifetime) apply to it as to the others.
+
 The lock functions, the hot path, are called through the driver's libpq layer
 (`Connections.call`): a prepared statement, text parameters, its one row as
 text. The wire carries what a cursor would send (Bind, Execute, Sync), and the
@@ -59,6 +67,9 @@ POOL_IDLE = 60.0
 """Seconds an idle pooled connection above the first is kept."""
 RETRY_DELAYS = (0.05, 0.2, 0.8)
 """Pauses (before jitter) before each retry of a statement that failed transiently."""
+KEEP_FOR = 60.0
+"""Seconds the kept connection serves before it is given back to the pool (and another,
+or the same, taken at the next call)."""
 SETTLE = 5.0
 """Seconds a statement whose wait was cut short is given to end, once cancelled."""
 
@@ -111,6 +122,12 @@ class Connections:
         # all; then serves the first statement (the migration) while the pool opens.
         self._first: Connection | None = self.connect()
         self._first_lock = threading.Lock()
+        self._kept: Connection | None = None
+        self._kept_lock = threading.Lock()
+        """Held by the call using the kept connection; a call that cannot have it at once
+        takes another from the pool."""
+        self._kept_until = 0.0
+        self._closed = False
         self._last_error = ""
         connections = self
 
@@ -138,6 +155,26 @@ class Connections:
             open=True,
         )
 
+    def _keep(self, conn: Connection) -> None:
+        """Keep ``conn`` for the next call if it is fit to serve one (idle, not due back),
+        else give it back to the pool."""
+        idle = conn.pgconn.transaction_status == self._psycopg.pq.TransactionStatus.IDLE
+        if idle and time.monotonic() < self._kept_until:
+            self._kept = conn
+        else:
+            self._pool.putconn(conn)
+
+    def _drop_kept(self) -> None:
+        """Close the kept connection, unless a call is using it: that call drops it when
+        done, as it sees the store closed after it lets go of the connection."""
+        if self._kept_lock.acquire(blocking=False):
+            try:
+                kept, self._kept = self._kept, None
+            finally:
+                self._kept_lock.release()
+            if kept is not None:
+                self._pool.putconn(kept)  # the pool is closed: it closes the connection
+
     def connect(self, *, retry: bool = True) -> Connection:
         """A connection of its own (not pooled), retried like a statement unless ``retry``
         is false; `StoreError` if none can be had."""
@@ -153,7 +190,8 @@ class Connections:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def run(self, work: Callable[[Connection], T], on_retry: Callable[[], object]) -> T:
-        """Run ``work`` on a pooled connection; retry it on another if it failed transiently."""
+        """Run ``work`` on the kept connection if it is free, else on a pooled one; retry
+        it on another if it failed transiently."""
         from psycopg_pool import PoolTimeout  # noqa: PLC0415
 
         if os.getpid() != self._pid:
@@ -166,6 +204,23 @@ class Connections:
                 if conn is not None:
                     with closing(conn):
                         return work(conn)
+                if not self._closed and self._kept_lock.acquire(blocking=False):
+                    try:
+                        conn, self._kept = self._kept, None
+                        if conn is None:
+                            conn = self._pool.getconn()
+                            self._kept_until = time.monotonic() + KEEP_FOR
+                        try:
+                            result = work(conn)
+                        except BaseException:
+                            self._pool.putconn(conn)  # which resets or replaces it
+                            raise
+                        self._keep(conn)
+                        return result
+                    finally:
+                        self._kept_lock.release()
+                        if self._closed:
+                            self._drop_kept()
                 with self._pool.connection() as conn:
                     return work(conn)
             except PoolTimeout as exc:  # the pool has been reconnecting all this time
@@ -284,7 +339,9 @@ class Connections:
             first, self._first = self._first, None
         if first is not None:
             first.close()
+        self._closed = True
         self._pool.close()
+        self._drop_kept()
 
 
 def _transient(exc: Exception, conn: Connection | None) -> bool:
