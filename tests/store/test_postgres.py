@@ -162,6 +162,7 @@ def server_pid(
 
 
 SLOW = "SELECT pg_sleep({seconds}), pg_backend_pid() AS pid"
+"""A statement that keeps its connection busy for a while."""
 
 
 def open_connections(app: str) -> int:
@@ -173,6 +174,14 @@ def open_connections(app: str) -> int:
     return int(row[0])
 
 
+def busy_on(pid: int) -> bool:
+    with pg_admin() as conn:
+        row = conn.execute(
+            "SELECT query LIKE %s FROM pg_stat_activity WHERE pid = %s", ("%pg_sleep%", pid)
+        ).fetchone()
+    return row == (True,)
+
+
 def test_calls_in_turn_share_the_kept_connection_and_overlapping_calls_do_not_wait(
     named: tuple[Connections, str],
 ) -> None:
@@ -180,22 +189,12 @@ def test_calls_in_turn_share_the_kept_connection_and_overlapping_calls_do_not_wa
     server_pid(connections)  # the connection that opened the store serves once, then closes
     kept = server_pid(connections)
     assert server_pid(connections) == kept
-    busy = Background(
-        lambda: server_pid(connections, "SELECT pg_sleep(2), pg_backend_pid() AS pid")
-    )
+    busy = Background(lambda: server_pid(connections, SLOW.format(seconds=2)))
     wait_for(lambda: busy_on(kept), what="the slow statement to start on the kept connection")
     other = server_pid(connections)  # a pooled connection, at once
     assert busy.is_alive() and other != kept
     assert busy.result() == kept
     assert server_pid(connections) == kept
-
-
-def busy_on(pid: int) -> bool:
-    with pg_admin() as conn:
-        row = conn.execute(
-            "SELECT query LIKE %s FROM pg_stat_activity WHERE pid = %s", ("%pg_sleep%", pid)
-        ).fetchone()
-    return row == (True,)
 
 
 def test_a_kept_connection_that_broke_is_replaced(named: tuple[Connections, str]) -> None:
@@ -215,9 +214,7 @@ def test_closing_closes_the_kept_connection_even_while_a_call_uses_it(
     connections, app = named
     server_pid(connections)
     kept = server_pid(connections)
-    busy = Background(
-        lambda: server_pid(connections, "SELECT pg_sleep(1), pg_backend_pid() AS pid")
-    )
+    busy = Background(lambda: server_pid(connections, SLOW.format(seconds=1)))
     wait_for(lambda: busy_on(kept), what="the slow statement to start on the kept connection")
     connections.close()
     assert busy.result() == kept
