@@ -41,6 +41,17 @@ def pg_admin() -> psycopg.Connection[Any]:
     return psycopg.connect(PG, autocommit=True)
 
 
+def open_connections(application_name: str) -> int:
+    """How many connections to the test server carry ``application_name``."""
+    with pg_admin() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+            (application_name,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 @pytest.fixture
 def pg_schema() -> Iterator[str]:
     schema = f"lw_test_{secrets.token_hex(4)}"

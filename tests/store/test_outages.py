@@ -20,7 +20,7 @@ import lockwarden
 from lockwarden import NotHeld, StoreError
 from lockwarden.store import pgconn
 from lockwarden.store.postgres import PostgresBackend
-from tests.conftest import PG, Background, pg_admin, wait_for
+from tests.conftest import PG, Background, open_connections, pg_admin, wait_for
 
 from .proxy import Proxy
 
@@ -144,17 +144,9 @@ def test_a_store_opens_at_most_its_pool_and_a_listener(pg_url: str) -> None:
                 with sessions[i].lock(f"n{i % 4}", timeout=30):
                     pass
 
-        def count() -> int:
-            with pg_admin() as conn:
-                row = conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)
-                ).fetchone()
-            assert row is not None
-            return int(row[0])
-
         workers = [Background(lambda i=i: work(i)) for i in range(16)]
         while any(w.is_alive() for w in workers):
-            seen.append(count())
+            seen.append(open_connections(app))
             time.sleep(0.05)
         for w in workers:
             w.result()

@@ -18,7 +18,14 @@ from lockwarden.store import Store, plpgsql, queries
 from lockwarden.store.backend import AcquireRequest
 from lockwarden.store.pgconn import Connections, Prepared
 from lockwarden.store.url import parse_url
-from tests.conftest import Background, enqueue, interrupted_after, pg_admin, wait_for
+from tests.conftest import (
+    Background,
+    enqueue,
+    interrupted_after,
+    open_connections,
+    pg_admin,
+    wait_for,
+)
 
 
 @pytest.fixture
@@ -163,15 +170,6 @@ def server_pid(
 
 SLOW = "SELECT pg_sleep({seconds}), pg_backend_pid() AS pid"
 """A statement that keeps its connection busy for a while."""
-
-
-def open_connections(app: str) -> int:
-    with pg_admin() as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def busy_on(pid: int) -> bool:
