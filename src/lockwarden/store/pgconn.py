@@ -127,7 +127,6 @@ class Connections:
         """Held by the call using the kept connection; a call that cannot have it at once
         takes another from the pool."""
         self._kept_until = 0.0
-        self._closed = False
         self._last_error = ""
         connections = self
 
@@ -204,7 +203,7 @@ class Connections:
                 if conn is not None:
                     with closing(conn):
                         return work(conn)
-                if not self._closed and self._kept_lock.acquire(blocking=False):
+                if not self._pool.closed and self._kept_lock.acquire(blocking=False):
                     try:
                         conn, self._kept = self._kept, None
                         if conn is None:
@@ -219,7 +218,7 @@ class Connections:
                         return result
                     finally:
                         self._kept_lock.release()
-                        if self._closed:
+                        if self._pool.closed:  # `close` came meanwhile and left it to us
                             self._drop_kept()
                 with self._pool.connection() as conn:
                     return work(conn)
@@ -339,8 +338,7 @@ class Connections:
             first, self._first = self._first, None
         if first is not None:
             first.close()
-        self._closed = True
-        self._pool.close()
+        self._pool.close()  # `closed` from its first step: a call in flight drops the kept one
         self._drop_kept()
 
 
