@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from lockwarden import Deadlock, LockManager, LockTimeout, Mode
-from lockwarden.local import SUPREMUM, Index, Kind, RangeMode
+from lockwarden.local import SUPREMUM, Index, Kind, RangeMode, Txn
 from tests.local.conftest import Attempt
 
 S, X = Mode.S, Mode.X
@@ -284,6 +285,89 @@ def test_a_waiter_moved_by_a_removal_queues_behind_the_waiters_there(mgr: LockMa
     assert not w2.settle()  # behind first's next-key lock, now granted
     first.release_all()
     w2.join()
+
+
+# A removal between a grant and the granted call's return: the grant is made under the
+# mutex by the releasing thread, and the waiting task runs only later. Asyncio tasks on one
+# loop make that window exact: nothing runs between the release and the removal.
+
+
+def granted_then_removed(
+    mgr: LockManager, waiter: Txn, call: Any, removed: int, blocker_holds: Kind = GAP
+) -> Any:
+    """Start `call` (a coroutine of `waiter`), let it queue behind another txn's lock on
+    `removed` (`blocker_holds`, in X), release that lock and remove `removed` before the call
+    runs again."""
+    idx = mgr.index("pk")
+    blocker = mgr.begin()
+
+    async def main() -> Any:
+        blocker.lock_key(idx, removed, blocker_holds, X)
+        task = asyncio.create_task(call)
+        while waiter._waiting is None:
+            assert not task.done(), "the call did not wait"
+            await asyncio.sleep(0)
+        blocker.release_all()  # grants the waiter's request on `removed`
+        idx.remove(removed)  # hands it on before the waiting task has run
+        return await task
+
+    return asyncio.run(main())
+
+
+def test_a_granted_insert_intention_dropped_before_its_call_returns(mgr: LockManager) -> None:
+    """The insert went in at the grant; its intention on 20 is dropped by the removal."""
+    idx = keys(mgr)
+    ins = mgr.begin()
+    granted_then_removed(mgr, ins, ins.insert_async(idx, 15, timeout=5), 20)
+    assert idx.keys() == [10, 15, 30]
+    assert {(i.resource, i.mode.value) for i in mgr.locks() if i.kind == "range"} == {
+        (("pk", 15), "X record")
+    }
+    ins.release_all()
+    assert mgr.locks() == []
+
+
+def test_a_granted_request_merged_before_its_call_returns(mgr: LockManager) -> None:
+    """The insert's intention on 20 meets the inserter's gap lock on 30: one request stays,
+    and it is the one in the txn's books, released with the txn."""
+    idx = keys(mgr)
+    ins = mgr.begin()
+    ins.lock_key(idx, 30, GAP, S)
+    granted_then_removed(mgr, ins, ins.insert_async(idx, 15, timeout=5), 20)
+    assert on(mgr, 30) == {(ins.id, "gap", True)}
+    assert ins.held_key(idx, 30) is RangeMode.of(GAP, S)
+    ins.release_all()
+    assert mgr.locks() == []
+
+
+def test_a_granted_scan_step_handed_on_before_its_call_returns(mgr: LockManager) -> None:
+    """A scan of [20, 20] waits for the deleter's record lock on 20; granted its next-key lock,
+    and 20 is purged: the scan goes on from the key above, and holds the merged gap."""
+    idx = keys(mgr)
+    scanner = mgr.begin()
+    scanner.lock_key(idx, 30, GAP, S)
+    keys_seen = granted_then_removed(
+        mgr, scanner, scanner.lock_range_async(idx, 20, 20, X, timeout=5), 20, REC
+    )
+    assert keys_seen == []
+    assert {(i.resource, i.mode.value) for i in mgr.locks() if i.owner == scanner.id} == {
+        (("t",), "IX"),
+        (("pk", 30), "gap"),
+    }
+    scanner.release_all()
+    assert mgr.locks() == []
+
+
+def test_a_lock_key_call_returns_what_it_was_granted(mgr: LockManager) -> None:
+    """Granted an insert intention on 20, which then goes: the call says what it was granted,
+    and the txn holds nothing there (a granted intention is dropped)."""
+    idx = keys(mgr)
+    txn = mgr.begin()
+    granted = granted_then_removed(mgr, txn, txn.lock_key_async(idx, 20, II, X, timeout=5), 20)
+    assert granted is RangeMode.of(II, X)
+    assert txn.held_key(idx, 20) is None and txn.held_key(idx, 30) is None
+    txn.release_all()
+    assert mgr.locks() == []
 
 
 def test_a_failed_call_gives_back_what_it_took_even_after_a_removal(mgr: LockManager) -> None:

@@ -164,9 +164,14 @@ class Model:
         self.tidy(key)
 
     def granted(self, owner: int, key: object) -> None:
-        """An insert goes in the moment its intention is granted, if the gap is still its."""
+        """A lock call's result is the mode granted, whatever a removal does before it returns;
+        an insert goes in the moment its intention is granted, if the gap is still its."""
         call = self.calls.get(owner)
-        if call is not None and call.kind == "insert" and call.outcome is None:
+        if call is None or call.outcome is not None:
+            return
+        if call.kind == "lock":
+            call.result = self.queues[key].granted[owner]
+        else:
             call.holder = key
             call.inserted = self.try_insert(owner, key)
 
@@ -326,7 +331,6 @@ class Model:
                 self.fail(owner, "deadlock")
             elif call.kind == "lock":
                 call.outcome = "ok"
-                call.result = self.queues[call.asked].granted[owner]
             elif not self.resume_insert(owner):
                 self.insert_step(owner)
 
@@ -458,6 +462,19 @@ class RangeMachine(RuleBasedStateMachine):
         self.model.settle()
         self.spin()
 
+    @precondition(lambda self: self.some_idle() and self.model.keys)
+    @rule(data=st.data())
+    def release_all_then_remove(self, data: Any) -> None:
+        """A removal lands between the grants a release makes and the granted calls' return:
+        their tasks run only after both."""
+        i = self.owner(data)
+        gave_up = [k for k in self.model.held(self.ids[i]) if k in self.model.keys]
+        key = data.draw(st.sampled_from(gave_up or self.model.keys))  # where it granted others
+        self.txns[i].release_all()
+        for held in list(self.model.held(self.ids[i])):
+            self.model.set_held(self.ids[i], held, None)
+        self.remove_key(key)
+
     @precondition(some_idle)
     @rule(data=st.data())
     def release_all(self, data: Any) -> None:
@@ -509,6 +526,15 @@ class RangeMachine(RuleBasedStateMachine):
             k: (q.granted, q.waiting) for k, q in expected.items()
         }
         assert self.index.keys() == self.model.keys
+
+    @invariant()
+    def each_txn_holds_what_the_table_says(self) -> None:
+        """What a txn says it holds on each key (its own books) is what the model grants it."""
+        for i, txn in enumerate(self.txns):
+            for key in [*self.model.keys, SUPREMUM]:
+                mode = txn.held_key(self.index, key)
+                held = self.model.held(self.ids[i]).get(key)
+                assert (observed(mode) if mode is not None else None) == held, (txn.id, key)
 
     @invariant()
     def calls_ended_as_the_model_says(self) -> None:

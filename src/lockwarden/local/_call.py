@@ -135,6 +135,21 @@ class Call:
         if parent is not None:
             self.grown[id(parent)] = (parent, req.in_queue.parent_key)
 
+    def _granted(self, req: Request[Any]) -> None:
+        """Another thread granted the wait on `req`: book it, unless an index change since did.
+
+        A grant makes the request its owner's at once, under the mutex, while
+        the waiting thread is away; an index change before that thread comes
+        back moves it like any granted lock (``_ranges.py``, `_move`). Moved, it
+        is booked where it went; merged into the owner's request on the next
+        key, or dropped (a lone insert intention), it holds nothing, and booking
+        it would put a request that holds nothing in the owner's books over the
+        one that survived. The call reports the mode it was granted.
+        """
+        if req.mode is not None:
+            self._book(req)
+        self.result = req.grant
+
     def _arm(self, req: Request[Any]) -> None:
         """Give the waiting request something to block on, and the way to release it."""
         if self.loop is None:
@@ -184,7 +199,7 @@ class Call:
             if req.failure is not None:
                 raise self._failed(req.failure)
             if req.wanted is None:  # granted (even if the wake raced a timeout)
-                self._book(req)
+                self._granted(req)
                 return self._advance()
             assert not woke, "woken, but neither granted nor refused"
             table._timeouts += 1
@@ -201,7 +216,7 @@ class Call:
                 if req.wanted is not None:
                     self.table._refuse(req)
                 else:  # granted just before the cancellation landed
-                    self.table._book(req)
+                    self._granted(req)
             self.owner._waiting = None
             self._rollback()
 

@@ -78,6 +78,7 @@ class Request(Generic[M]):
     __slots__ = (
         "children",
         "failure",
+        "grant",
         "mode",
         "owner",
         "parent",
@@ -114,9 +115,12 @@ class Request(Generic[M]):
         """Locks this owner holds on direct children of this resource, the keys of indexes
         on it included (unlock and escalation)."""
         # `failure`, `signal` and `wake` are set by `arm` when the request
-        # starts to wait; nothing reads them before that.
+        # starts to wait, `grant` when a wait is granted; nothing reads them before that.
         self.failure: BaseException | None
         """Set by another thread that refused this waiting request (deadlock victim)."""
+        self.grant: M
+        """The mode its last wait was granted, kept for the call that waited: until that call's
+        thread comes back, an index change may merge or drop the request (``_ranges.py``)."""
         self.signal: Any
         """What the waiting thread or task blocks on; `wake` releases it."""
         self.wake: Callable[[], object]
@@ -311,6 +315,7 @@ class Queue(Generic[M]):
                 assert since is not None  # stamped when it started to wait
                 granted.append((req, since))
                 self.add_granted(req, mode)
+                req.grant = mode
                 self.granted_one(req)
                 continue
             ahead = self._ahead_add(ahead, mode)
