@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 
@@ -11,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from lockwarden import hooks
 from lockwarden.errors import Deadlock
 from lockwarden.observe.prometheus import PrometheusObserver
-from lockwarden.store import Store
+from lockwarden.store import Session, Store
 from tests.conftest import Background, stop_heartbeat, wait_for
 
 
@@ -113,8 +114,9 @@ def test_an_observer_that_raises_never_fails_a_lock_call(
 
 
 @pytest.mark.parametrize("many", [False, True], ids=["lock", "lock_many"])
+@pytest.mark.parametrize("in_asyncio", [False, True], ids=["threads", "asyncio"])
 def test_ctrl_c_between_the_grant_and_the_caller_gives_the_lock_back(
-    store: Store, many: bool
+    store: Store, many: bool, in_asyncio: bool
 ) -> None:
     """Ctrl-C while the grant is being reported (here an observer's KeyboardInterrupt)
     comes after the database granted the lock and before the caller has its stamp:
@@ -129,7 +131,9 @@ def test_ctrl_c_between_the_grant_and_the_caller_gives_the_lock_back(
         stop = hooks.subscribe(Interrupting())
         try:
             with pytest.raises(KeyboardInterrupt):
-                if many:
+                if in_asyncio:
+                    asyncio.run(take_async(a, many))
+                elif many:
                     a.lock_many([("x", "write"), ("y", "read")])
                 else:
                     a.lock("x")
@@ -138,6 +142,13 @@ def test_ctrl_c_between_the_grant_and_the_caller_gives_the_lock_back(
         assert a.held == []
         assert store.locks() == []
         b.lock("x", timeout=5).release()
+
+
+async def take_async(session: Session, many: bool) -> None:
+    if many:
+        await session.lock_many_async([("x", "write"), ("y", "read")])
+    else:
+        await session.lock_async("x")
 
 
 def test_unsubscribed_observers_and_the_debug_log(
