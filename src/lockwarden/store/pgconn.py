@@ -198,8 +198,9 @@ class Connections:
         for delay in (*RETRY_DELAYS, None):
             conn: Connection | None = None
             try:
-                with self._first_lock:
-                    conn, self._first = self._first, None
+                if self._first is not None:  # only the store's first statements see it
+                    with self._first_lock:
+                        conn, self._first = self._first, None
                 if conn is not None:
                     with closing(conn):
                         return work(conn)
