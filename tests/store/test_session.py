@@ -187,6 +187,33 @@ def test_release_rules(connect: Callable[..., Store]) -> None:
             stamp.check()
 
 
+def test_a_release_cut_short_once_the_stamp_left_the_session_is_seen_through(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C in a release after the stamp left the session's stamps and before the
+    database confirmed it (here as the backend's call starts): the caller gets the
+    interrupt, and the release is sent again in the background until the lock is free.
+    A release refused before that point (NotHeld) leaves nothing to retry."""
+    backend = store._backend  # type: ignore[attr-defined]
+    sent = backend.release
+
+    def interrupted(*args: object) -> int:
+        monkeypatch.setattr(backend, "release", sent)  # the retry goes through
+        raise KeyboardInterrupt
+
+    with store.session(app_id="a") as a, store.session(app_id="b") as b:
+        held = a.lock("x")
+        monkeypatch.setattr(backend, "release", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            held.release()
+        assert a.held == []
+        b.lock("x", timeout=10).release()  # freed by the background retry
+        wait_for(lambda: a.releasing == 0, what="the release to be confirmed")
+        with pytest.raises(NotHeld, match="already released"):
+            held.release()
+        assert a.releasing == 0
+
+
 def test_close_releases_everything(store: Store) -> None:
     s = store.session(app_id="a")
     s.lock("c1")

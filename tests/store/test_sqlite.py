@@ -403,3 +403,37 @@ def test_a_writer_interrupted_while_waiting_its_turn_leaves_the_queue() -> None:
     writer.start()
     writer.join(timeout=5)
     assert wrote.is_set()
+
+
+def test_a_writer_interrupted_as_it_lets_go_of_the_file_still_lets_the_process_in(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C as the unlock of the writer's file returns (here raised just after it):
+    the turn inside the process is given up all the same, so the next writer of the
+    process gets in rather than waiting for ever."""
+    writer = sqlite._Writer(str(tmp_path / "store.db"))
+    unlock = sqlite.fcntl.flock
+
+    def interrupted(fd: int, operation: int) -> None:
+        unlock(fd, operation)
+        if operation == sqlite.fcntl.LOCK_UN:
+            raise KeyboardInterrupt
+
+    try:
+        writer.__enter__()
+        monkeypatch.setattr(sqlite.fcntl, "flock", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            writer.__exit__(None, None, None)
+        monkeypatch.undo()
+        wrote = threading.Event()
+
+        def write() -> None:
+            with writer:
+                wrote.set()
+
+        thread = threading.Thread(target=write, daemon=True)
+        thread.start()
+        thread.join(timeout=5)
+        assert wrote.is_set()
+    finally:
+        writer.close()
