@@ -393,16 +393,21 @@ def test_a_writer_interrupted_while_waiting_its_turn_leaves_the_queue() -> None:
         fair.__enter__()
     leave.set()
     holder.join()
-    wrote = threading.Event()
+    assert_another_thread_gets_in(fair)
 
-    def write() -> None:
-        with fair:
-            wrote.set()
 
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
-    writer.join(timeout=5)
-    assert wrote.is_set()
+def assert_another_thread_gets_in(turn: Any) -> None:
+    """Another thread of the process enters ``turn`` (a writer's lock) within 5 s."""
+    entered = threading.Event()
+
+    def enter() -> None:
+        with turn:
+            entered.set()
+
+    thread = threading.Thread(target=enter, daemon=True)
+    thread.start()
+    thread.join(timeout=5)
+    assert entered.is_set()
 
 
 def test_a_writer_interrupted_as_it_lets_go_of_the_file_still_lets_the_process_in(
@@ -425,15 +430,6 @@ def test_a_writer_interrupted_as_it_lets_go_of_the_file_still_lets_the_process_i
         with pytest.raises(KeyboardInterrupt):
             writer.__exit__(None, None, None)
         monkeypatch.undo()
-        wrote = threading.Event()
-
-        def write() -> None:
-            with writer:
-                wrote.set()
-
-        thread = threading.Thread(target=write, daemon=True)
-        thread.start()
-        thread.join(timeout=5)
-        assert wrote.is_set()
+        assert_another_thread_gets_in(writer)
     finally:
         writer.close()
