@@ -11,7 +11,9 @@ with the index changes made meanwhile applied to that too.
 
 Owners are asyncio tasks on one loop, so requests really queue and are woken
 by other owners' releases while the test stays single-threaded: the model
-replays the wake-ups in the order the manager issues them. After every step
+replays the wake-ups in the order the manager issues them. One rule removes a
+key after a release and before the tasks it woke run again, as another
+thread could between a grant and the waiter's return. After every step
 the snapshot (`mgr.locks()`) must equal the model's, key by key, waiting
 order included; every call that ended must have ended as the model says.
 """
