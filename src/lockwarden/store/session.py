@@ -597,30 +597,23 @@ class Session:
             return acquire(self._backend, want)
 
     async def _acquire_async(self, want: Want, kind: type[S]) -> S:
-        """`_take` for asyncio.
-
-        An exception out of the waiting loop (a cancellation included) comes
-        with the request given back already (``aio.py``). One raised after the
-        grant and before the stamp is recorded (an observer's KeyboardInterrupt
-        as the grant is reported) gives the request back as `_take` does, from
-        a worker thread, so the event loop is not held up by the round trip.
-        """
+        """`_take` for asyncio: the same rule, with a cancellation beside `LockError`
+        (the waiting loop gave back what it left, ``aio.py``). Anything else gives the
+        request back from a worker thread, so the event loop is not held up."""
         # asyncio takes tens of milliseconds to import: only its users pay for it,
         # not a threaded program or `lockwarden run`, whose start-up every call pays.
         import asyncio  # noqa: PLC0415
 
         from lockwarden.store.aio import run_async  # noqa: PLC0415
 
-        granted: Grant | None = None
         try:
             with _reporting(want):
                 granted = await run_async(acquire_steps(self._backend, want), self._backend.wakeups)
             return self._finish(granted, want, kind)
-        except LockError:
+        except (LockError, asyncio.CancelledError):
             raise
         except BaseException as exc:
-            if granted is not None:
-                await asyncio.to_thread(self._give_back, want, exc)
+            await asyncio.to_thread(self._give_back, want, exc)
             raise
 
     def _finish(self, granted: Grant, want: Want, kind: type[S]) -> S:
