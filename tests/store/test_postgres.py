@@ -14,7 +14,7 @@ import pytest
 
 import lockwarden
 from lockwarden import LockTimeout, StoreError
-from lockwarden.store import Store, plpgsql, queries
+from lockwarden.store import Store, plpgsql, postgres, queries
 from lockwarden.store.backend import AcquireRequest
 from lockwarden.store.pgconn import Connections, Prepared
 from lockwarden.store.url import parse_url
@@ -125,6 +125,47 @@ def test_waiters_recover_when_the_listener_connection_dies(store: Store, pg_sche
         time.sleep(0.3)
         held.release()
         waiting.result(timeout=5)
+
+
+def listeners(channel: str) -> int:
+    """How many connections last ran ``LISTEN channel`` (a store's listener does nothing else)."""
+    with pg_admin() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = %s", (f"LISTEN {channel}",)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_store_stops_listening_while_nobody_waits_and_listens_again_for_the_next_waiter(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every connection that LISTENs is signalled at each notifying commit of the database,
+    so an idle store closes its own; a waiter keeps it open however long it waits."""
+    monkeypatch.setattr(postgres, "_LISTEN_IDLE", 0.5)
+    backend = store._backend
+    channel = f"lw_{backend._tag}"
+    with store.session(app_id="h", ttl=30) as h, store.session(app_id="w", ttl=30) as w:
+        held = h.lock("idle")
+        waiting = Background(lambda: w.lock("idle", timeout=20))
+        wait_for(lambda: store.waiters("idle"), what="the waiter to queue")
+        time.sleep(1.5)  # three idle times: the waiter keeps the listener
+        assert listeners(channel) == 1
+        held.release()
+        waiting.result().release()
+        wait_for(lambda: listeners(channel) == 0, what="the LISTEN connection to close")
+        assert not backend.listening
+        held = h.lock("idle")
+        waiting = Background(lambda: w.lock("idle", timeout=20))
+        wait_for(lambda: store.waiters("idle") and backend.listening, what="LISTEN again")
+        time.sleep(0.3)  # the waiter's look again at once (the listener had stopped) is over
+        before = store.stats["attempts"]
+        held.release()
+        lock = waiting.result(timeout=5)
+        assert store.stats["attempts"] == before  # granted by the release, heard by NOTIFY
+        assert lock.token > held.token
+        assert listeners(channel) == 1
+        lock.release()
 
 
 def test_connections_carry_the_application_name_of_the_url(pg_url: str) -> None:

@@ -118,3 +118,54 @@ def test_the_first_waiter_looks_again_once_the_source_of_wake_ups_has_started() 
     t0 = time.monotonic()
     assert later.wait(0.05) is False
     assert time.monotonic() - t0 >= 0.04
+
+
+def test_the_source_stops_only_once_nobody_has_waited_for_the_idle_time() -> None:
+    stops: list[bool] = []
+    wakeups = Wakeups(lambda: None)
+    sub = Subscription(frozenset({"n"}), "r1")
+    wakeups.add(sub, time.monotonic(), wakeups.epoch)
+    assert not wakeups.unwatch(0.0, lambda: stops.append(True))  # someone waits
+    wakeups.remove(sub)
+    assert not wakeups.unwatch(60.0, lambda: stops.append(True))  # not idle long enough
+    assert stops == []
+    assert wakeups.unwatch(0.0, lambda: stops.append(True))
+    assert stops == [True]
+
+
+def test_a_source_that_stopped_makes_the_next_waiter_look_again() -> None:
+    """What came while nobody listened is lost, as before the first wait of a store."""
+    starts: list[bool] = []
+    wakeups = Wakeups(lambda: starts.append(True))
+    wakeups.add(first := Subscription(frozenset({"n"}), "r1"), time.monotonic(), wakeups.epoch)
+    assert first.wait(0) is True  # the store's first waiter
+    wakeups.remove(first)
+    assert wakeups.unwatch(0.0, lambda: None)
+    epoch = wakeups.epoch  # read before the next waiter's first attempt
+    wakeups.add(sub := Subscription(frozenset({"n"}), "r2"), time.monotonic(), epoch)
+    assert len(starts) == 2  # the source was asked to start again
+    assert sub.wait(0) is True
+
+
+def test_the_source_never_stops_between_starting_and_a_subscription() -> None:
+    """`add` starts the source, then subscribes: a stop between the two would leave the
+    waiter subscribed to a source that no longer runs, unheard until its timeout."""
+    refused: list[bool] = []
+    wakeups: Wakeups
+
+    def watch() -> None:  # the source is running; the waiter is not subscribed yet
+        refused.append(not wakeups.unwatch(0.0, lambda: None))
+
+    wakeups = Wakeups(watch)
+    wakeups.add(Subscription(frozenset({"n"}), "r1"), time.monotonic(), wakeups.epoch)
+    assert refused == [True]
+
+
+def test_an_add_that_fails_to_start_the_source_does_not_keep_it_from_stopping() -> None:
+    def watch() -> None:
+        raise KeyboardInterrupt
+
+    wakeups = Wakeups(watch)
+    with pytest.raises(KeyboardInterrupt):
+        wakeups.add(Subscription(frozenset({"n"}), "r1"), time.monotonic(), wakeups.epoch)
+    assert wakeups.unwatch(0.0, lambda: None)

@@ -52,6 +52,14 @@ _LISTEN_POLL = 0.2
 This is a local wait on the socket, not a query: no statement is sent.
 """
 
+_LISTEN_IDLE = 10.0
+"""Seconds without a waiter after which a store closes its LISTEN connection.
+
+PostgreSQL signals every connection of the database that listens, on any channel,
+at each commit that notifies; an idle process's listener would cost every grant made
+in that database (design note, "Listening connections"). The next wait opens it again.
+"""
+
 _ACQUIRE = (
     "SELECT {p}lw_acquire(:session, :request, :names::text[], :modes::text[],"
     " :enqueue, :refuse, :wait, :relaxed) AS result"
@@ -233,8 +241,11 @@ class PostgresBackend(SQLBackend):
         requests = plpgsql.grant_channel(self._tag)
         failures = 0
         while not self._closed.is_set():
+            if self.wakeups.unwatch(_LISTEN_IDLE, self._unwatch):
+                return
             try:
                 conn = self._connections.connect(retry=False)
+                stopped = False
                 try:
                     conn.execute(f"LISTEN {names}")
                     conn.execute(f"LISTEN {requests}")
@@ -249,8 +260,12 @@ class PostgresBackend(SQLBackend):
                                 self.wakeups.deliver(note.payload)
                             else:
                                 self.wakeups.wake((note.payload,))
+                        stopped = self.wakeups.unwatch(_LISTEN_IDLE, self._unwatch)
+                        if stopped:
+                            return
                 finally:
-                    self._listening.clear()
+                    if not stopped:  # else a listener started since may be listening
+                        self._listening.clear()
                     conn.close()
             except Exception as exc:  # a StoreError from connect, a psycopg.Error after
                 if failures == 0:
@@ -264,6 +279,14 @@ class PostgresBackend(SQLBackend):
                 self.wakeups.wake_all()  # let waiters look (the polling)
                 failures += 1
                 self._closed.wait(jittered(min(0.05 * 2**failures, _POLL_FALLBACK)))
+
+    def _unwatch(self) -> None:
+        """The listener stops (`Wakeups.unwatch`, under its lock): the next `_watch`
+        starts another, and waits for its LISTEN."""
+        with self._listener_lock:
+            self._listener = None
+            self._listen_tried.clear()
+            self._listening.clear()
 
     @property
     def listening(self) -> bool:

@@ -110,6 +110,10 @@ class Wakeups:
         self._requests = _Recent()
         self._subs: set[Subscription] = set()
         self._watched = False
+        self._adding = 0
+        """How many `add` calls are under way: the source may not stop meanwhile (`unwatch`)."""
+        self._left_at = -math.inf
+        """When the last subscription was removed (`time.monotonic`)."""
         self.epoch = 0
         """Moves whenever wake-ups may have been missed (`wake_all`): a waiter that read it
         before its first attempt and finds it moved when subscribing looks again at once."""
@@ -121,9 +125,17 @@ class Wakeups:
         before this returns. ``epoch``, read before the attempt that made the
         subscriber wait: if wake-ups may have been missed since, it is woken.
         """
-        first = not self._watched
-        self._watch()
         with self._lock:
+            self._adding += 1
+            first = not self._watched
+        try:
+            self._watch()
+        except BaseException:
+            with self._lock:
+                self._adding -= 1
+            raise
+        with self._lock:
+            self._adding -= 1
             if first:  # nothing from other processes was heard before the source started
                 self._watched = True
                 self.epoch += 1
@@ -157,6 +169,24 @@ class Wakeups:
                     del self._by_name[name]
             if self._by_request.get(sub.request_id) is sub:
                 del self._by_request[sub.request_id]
+            self._left_at = time.monotonic()
+
+    def unwatch(self, idle: float, stop: Callable[[], None]) -> bool:
+        """Call ``stop`` if nobody has waited for ``idle`` seconds, and say whether it ran.
+
+        ``stop`` (run under this object's lock) must leave the backend so that its
+        next ``watch`` starts the source again. Nobody is subscribed, and no `add`
+        is under way: an `add` that starts the source and then subscribes is never
+        cut in two by a stop, which would leave its waiter unheard. The next
+        subscriber finds the source not started, so it looks again at once, as the
+        first subscriber of the store does: what came while nobody listened is lost.
+        """
+        with self._lock:
+            if self._subs or self._adding or time.monotonic() - self._left_at < idle:
+                return False
+            self._watched = False
+            stop()
+            return True
 
     @contextmanager
     def subscribe(self, sub: Subscription) -> Iterator[Subscription]:
