@@ -236,7 +236,7 @@ class PostgresBackend(SQLBackend):
         each reconnect attempt (backing off, with jitter, to `_POLL_FALLBACK`), so that a
         refused or dropped LISTEN connection slows waiters down but fails none of them —
         a waiter granted meanwhile finds its grant when it looks. Back on push as soon
-        as LISTEN is in force again."""
+        as LISTEN is in force again. End once nobody has waited for `_LISTEN_IDLE`."""
         names = plpgsql.channel(self.url.schema)
         requests = plpgsql.grant_channel(self._tag)
         failures = 0
