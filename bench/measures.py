@@ -19,6 +19,8 @@
   and PostgreSQL): acquisitions per second, the longest waits and whether
   every process was served alike, for a store whose cost could grow with the
   number of waiters.
+- `neighbours`: `throughput` on PostgreSQL beside idle processes of the
+  same database whose stores have waited once (lockwarden, durable).
 - `flatness`: lockwarden's acquire of a fresh name with 0 … 100,000 other
   locks held in its table.
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 import gc
 import itertools
 import multiprocessing as mp
+import os
 import queue
 import random
 import statistics
@@ -70,6 +73,12 @@ class Plan:
     )
     """Per backend, the processes and the names they share in `crowd` (each process
     keeps to one name, the processes spread evenly over the names)."""
+    idle_neighbours: int = 28
+    """Processes of the database whose stores waited once and sit idle beside `throughput`'s
+    (`neighbours`)."""
+    neighbours_quiet: float = 12.0
+    """Seconds the neighbours sit idle before the contenders start: longer than a PostgreSQL
+    store keeps listening after its last wait (10 s)."""
     flat_levels: tuple[int, ...] = (0, 10_000, 100_000)
     flat_ops: int = 500
     """At most this many acquires per timed batch (fewer where each is slow)."""
@@ -83,6 +92,8 @@ QUICK = Plan(
     queue_depths=(1, 4),
     throughput_seconds=1.0,
     crowds={SQLITE: (4, 2), POSTGRES: (4, 1)},
+    idle_neighbours=4,
+    neighbours_quiet=0.5,
     flat_levels=(0, 1_000, 10_000),
     flat_ops=50,
     counted_pairs=10,
@@ -551,6 +562,82 @@ def crowd(key: str, env: Env, plan: Plan) -> dict[str, Any]:
     }
 
 
+# -- idle neighbours ---------------------------------------------------------------------------
+
+
+def neighbours(key: str, env: Env, plan: Plan) -> dict[str, Any]:
+    """`throughput` beside ``plan.idle_neighbours`` idle processes of the same database,
+    each of whose stores has waited once.
+
+    PostgreSQL signals every connection of the database that LISTENs, on any
+    channel, at each commit that notifies, and each wakes to read the queue: a
+    store that kept listening after its waiters were gone would cost every grant
+    in the database, whoever made it. Compare ``per_second`` with `throughput`'s.
+    """
+    counter = mp.get_context("spawn").Value("q", 0, lock=False)
+    common = {
+        "name": f"{env.run}/neighbours",
+        "seconds": plan.throughput_seconds,
+        "counter": counter,
+        "quiet": plan.neighbours_quiet,
+    }
+    ran: list[tuple[int, dict[str, int], list[float]] | None] = together(
+        key,
+        env,
+        _neighbour,
+        [{**common, "idle": False}] * plan.processes
+        + [{**common, "idle": True}] * plan.idle_neighbours,
+        timeout=plan.neighbours_quiet + plan.throughput_seconds + 120.0,
+    )
+    total = sum(found[0] for found in ran if found is not None)
+    return {
+        "per_second": total / plan.throughput_seconds,
+        "processes": plan.processes,
+        "idle": plan.idle_neighbours,
+        # each contender made one more increment, for the acquire that ended its loop
+        "exclusive": counter.value == total + plan.processes,
+    }
+
+
+def _neighbour(
+    subject: Subject,
+    start: Callable[[], float],
+    *,
+    name: str,
+    seconds: float,
+    counter: Any,
+    quiet: float,
+    idle: bool,
+) -> tuple[int, dict[str, int], list[float]] | None:
+    """A contender: `_throughput_worker` once the neighbours have sat idle ``quiet``
+    seconds. A neighbour (``idle``): its store waits once (for a lock another of its
+    sessions holds), then it sits idle until the contenders are done."""
+    if not idle:
+
+        def later() -> float:
+            begin = start() + quiet
+            time.sleep(max(0.0, begin - perf()))
+            return begin
+
+        return _throughput_worker(subject, later, name=name, seconds=seconds, counter=counter)
+    assert isinstance(subject, Lockwarden)
+    import lockwarden  # noqa: PLC0415  (only lockwarden subjects run this measure)
+
+    gate = f"{name}/gate/{os.getpid()}"
+    with subject.store.session(app_id="bench-gate") as other:
+        held = other.lock(gate)
+        try:
+            subject.session.lock(gate, timeout=0.05)
+        except lockwarden.LockTimeout:
+            pass
+        else:
+            raise RuntimeError("the neighbour found its gate free: it did not wait")
+        held.release()
+    begin = start()
+    time.sleep(max(0.0, begin + quiet + seconds + 1.0 - perf()))
+    return None
+
+
 # -- flatness ------------------------------------------------------------------------------------
 
 
@@ -626,6 +713,9 @@ def applies(measure: str, subject: type[Subject]) -> bool:
     if measure == "crowd":
         durable = issubclass(subject, Lockwarden) and subject.durability == "durable"
         return durable and subject.backend in (SQLITE, POSTGRES)
+    if measure == "neighbours":  # PostgreSQL's NOTIFY alone signals every listener
+        durable = issubclass(subject, Lockwarden) and subject.durability == "durable"
+        return durable and subject.backend == POSTGRES
     if measure == "flatness":  # one per table: the relaxed subject shares the durable one's
         # (not on etcd: an acquire there reads only its own name's keys, and filling
         # the store with 100,000 locks would take most of a run)

@@ -22,6 +22,10 @@ def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def _over(value: float | None, base: float | None) -> str:
+    return "" if value is None or not base else f" ({value / base:.2f}x)"
+
+
 def _get(results: Results, measure: str, key: str, field: str) -> Any:
     return results.get(measure, {}).get(key, {}).get(field)
 
@@ -218,6 +222,31 @@ def markdown(results: Results) -> str:
                     found.get("error", ""),
                 ]
                 for key, found in crowds.items()
+            ],
+        )
+    neighbours = results.get("neighbours", {})
+    if neighbours:
+        out += [
+            "",
+            f"**Idle neighbours** ({meta['plan']['processes']} processes loop on one lock "
+            f"for {meta['plan']['throughput_seconds']:g} s, as in contended throughput, "
+            "while other processes of the same database sit idle, each store having "
+            f"waited once {meta['plan']['neighbours_quiet']:g} s before; in brackets, over "
+            "contended throughput without them)",
+            "",
+        ]
+        out += _table(
+            ["backend", "idle processes", "acquisitions/s", "exclusive", "error"],
+            [
+                [
+                    BY_KEY[key].backend,
+                    str(found.get("idle", "-")),
+                    _f(per_second := found.get("per_second"))
+                    + _over(per_second, _get(results, "throughput", key, "per_second")),
+                    {True: "yes", False: "**NO**"}.get(found.get("exclusive"), "-"),
+                    found.get("error", ""),
+                ]
+                for key, found in neighbours.items()
             ],
         )
     flat = list(_flat_series(results))

@@ -197,7 +197,7 @@ def run(env: Env, plan: measures.Plan, keys: list[str]) -> dict[str, Any]:
     if pg:
         step("round trips")
         results["round_trips"] = measures.round_trips(pg, env, plan)
-    for measure in ("handoff", "queued_handoff", "throughput", "crowd", "flatness"):
+    for measure in ("handoff", "queued_handoff", "throughput", "crowd", "neighbours", "flatness"):
         results[measure] = {}
         for key in measured:
             if measures.applies(measure, BY_KEY[key]):

@@ -8,6 +8,8 @@ child processes, and that the report renders. The real run is
 
 from __future__ import annotations
 
+import dataclasses
+import secrets
 import shutil
 import sys
 from pathlib import Path
@@ -20,7 +22,15 @@ sys.path.insert(0, str(BENCH))
 import measures  # noqa: E402
 import report  # noqa: E402
 import store  # noqa: E402
-from subjects import SQLITE, Env, LockwardenSQLite, make  # noqa: E402
+from subjects import (  # noqa: E402
+    POSTGRES,
+    SQLITE,
+    Env,
+    LockwardenPostgres,
+    LockwardenRelaxed,
+    LockwardenSQLite,
+    make,
+)
 
 TOY = measures.Plan(
     batch_seconds=0.005,
@@ -105,3 +115,26 @@ def test_the_durable_handoff_floor_is_a_lock_granted_in_queue_order() -> None:
     contended = results["throughput"]["pg-handoff-floor"]
     assert contended["exclusive"] is True, contended
     assert max(contended["shares"]) - min(contended["shares"]) <= 0.1, contended
+
+
+def test_every_measure_runs_on_postgresql(tmp_path: Path) -> None:
+    """Among them the one that applies to PostgreSQL alone: contended throughput beside idle
+    processes whose stores have waited once."""
+    if LockwardenPostgres.missing() is not None:
+        pytest.skip("psycopg is not installed")
+    env = Env(run=f"smoke{secrets.token_hex(4)}", work_dir=str(tmp_path))
+    plan = dataclasses.replace(
+        TOY, crowds={POSTGRES: (3, 1)}, idle_neighbours=2, neighbours_quiet=0.2
+    )
+    try:
+        results = store.run(env, plan, ["lockwarden-pg"])
+    finally:
+        store.clean_servers(env)
+    results["meta"]["quick"] = True
+    assert not results["skipped"]
+    assert results["throughput"]["lockwarden-pg"]["exclusive"] is True
+    found = results["neighbours"]["lockwarden-pg"]
+    assert (found["processes"], found["idle"], found["exclusive"]) == (2, 2, True)
+    assert found["per_second"] > 0
+    assert "**Idle neighbours**" in report.markdown(results)
+    assert not measures.applies("neighbours", LockwardenRelaxed)
