@@ -228,7 +228,8 @@ def markdown(results: Results) -> str:
     if neighbours:
         out += [
             "",
-            f"**Idle neighbours** ({meta['plan']['processes']} processes loop on one lock "
+            "**Idle neighbours** (lockwarden, durable: "
+            f"{meta['plan']['processes']} processes loop on one lock "
             f"for {meta['plan']['throughput_seconds']:g} s, as in contended throughput, "
             "while other processes of the same database sit idle, each store having "
             f"waited once {meta['plan']['neighbours_quiet']:g} s before; in brackets, over "
