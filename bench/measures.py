@@ -471,15 +471,30 @@ def throughput(key: str, env: Env, plan: Plan) -> dict[str, Any]:
     lock of its own: if the subject's lock did not exclude, increments would
     be lost, and ``exclusive`` says whether they all arrived.
     """
+    return _contended(key, env, plan, idle=0, quiet=0.0)
+
+
+def _contended(key: str, env: Env, plan: Plan, *, idle: int, quiet: float) -> dict[str, Any]:
+    """`throughput`, beside ``idle`` processes that sit idle (`_contended_process`), the loops
+    starting ``quiet`` seconds after every process is set up."""
     counter = mp.get_context("spawn").Value("q", 0, lock=False)
-    name = f"{env.run}/throughput"
-    ran: list[tuple[int, dict[str, int], list[float]]] = together(
-        key,
-        env,
-        _throughput_worker,
-        [{"name": name, "seconds": plan.throughput_seconds, "counter": counter}] * plan.processes,
-        timeout=plan.throughput_seconds + 120.0,
-    )
+    common = {
+        "name": f"{env.run}/contended/{idle}",
+        "seconds": plan.throughput_seconds,
+        "counter": counter,
+        "quiet": quiet,
+    }
+    ran: list[tuple[int, dict[str, int], list[float]]] = [
+        found
+        for found in together(
+            key,
+            env,
+            _contended_process,
+            [{**common, "idle": False}] * plan.processes + [{**common, "idle": True}] * idle,
+            timeout=quiet + plan.throughput_seconds + 120.0,
+        )
+        if found is not None
+    ]
     counts = [done for done, _, _ in ran]
     total = sum(counts)
     found: dict[str, Any] = {
@@ -574,32 +589,13 @@ def neighbours(key: str, env: Env, plan: Plan) -> dict[str, Any]:
     store that kept listening after its waiters were gone would cost every grant
     in the database, whoever made it. Compare ``per_second`` with `throughput`'s.
     """
-    counter = mp.get_context("spawn").Value("q", 0, lock=False)
-    common = {
-        "name": f"{env.run}/neighbours",
-        "seconds": plan.throughput_seconds,
-        "counter": counter,
-        "quiet": plan.neighbours_quiet,
-    }
-    ran: list[tuple[int, dict[str, int], list[float]] | None] = together(
-        key,
-        env,
-        _neighbour,
-        [{**common, "idle": False}] * plan.processes
-        + [{**common, "idle": True}] * plan.idle_neighbours,
-        timeout=plan.neighbours_quiet + plan.throughput_seconds + 120.0,
-    )
-    total = sum(found[0] for found in ran if found is not None)
     return {
-        "per_second": total / plan.throughput_seconds,
-        "processes": plan.processes,
+        **_contended(key, env, plan, idle=plan.idle_neighbours, quiet=plan.neighbours_quiet),
         "idle": plan.idle_neighbours,
-        # each contender made one more increment, for the acquire that ended its loop
-        "exclusive": counter.value == total + plan.processes,
     }
 
 
-def _neighbour(
+def _contended_process(
     subject: Subject,
     start: Callable[[], float],
     *,
@@ -609,7 +605,7 @@ def _neighbour(
     quiet: float,
     idle: bool,
 ) -> tuple[int, dict[str, int], list[float]] | None:
-    """A contender: `_throughput_worker` once the neighbours have sat idle ``quiet``
+    """A contender: `_throughput_worker` once every process has been set up for ``quiet``
     seconds. A neighbour (``idle``): its store waits once (for a lock another of its
     sessions holds), then it sits idle until the contenders are done."""
     if not idle:
