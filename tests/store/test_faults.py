@@ -74,6 +74,26 @@ def test_frozen_holder_is_reclaimed_once_and_learns_it_on_resume(
     holder.send("exit")
 
 
+def test_a_frozen_holder_is_reclaimed_when_its_lease_ends_though_the_waiter_asks_meanwhile(
+    store: Store, url: str, children: Callable[..., Child]
+) -> None:
+    """Where a wake-up can be lost, a waiter asks every `Backend.look_every` whether it was
+    granted (PostgreSQL); the asking must not put off the look at the holder's lease end."""
+    ttl = 3 * (store._backend.look_every or TTL)
+    holder = children("holder", url, "frozen-long", str(ttl))
+    first = holder.expect()
+    os.kill(holder.pid, signal.SIGSTOP)
+    try:
+        stopped = time.monotonic()
+        with store.session(app_id="waiter") as s:
+            lock = s.lock("frozen-long", timeout=3 * ttl)
+            assert time.monotonic() - stopped <= ttl + ttl / 3 + lease_slack(store)
+            assert lock.token > first["token"]
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    holder.send("exit")
+
+
 def test_a_holder_whose_clock_jumps_keeps_its_lock(
     store: Store, url: str, children: Callable[..., Child]
 ) -> None:

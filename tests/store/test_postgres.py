@@ -93,25 +93,91 @@ def test_a_release_grants_the_waiter_which_wakes_holding_the_lock(store: Store) 
         assert store.waiters("push") == []
 
 
-def test_a_grant_is_notified_to_the_waiters_store_alone(store: Store, pg_schema: str) -> None:
-    """A release notifies only the request it granted (its id and token), on the channel of
-    the waiter's store (named by the end of its session id), not the lock's name."""
-    channel = f"lw_{store._backend._tag}"
-    with pg_admin() as listener, store.session(app_id="a") as a, store.session(app_id="b") as b:
-        assert b.id.endswith(channel[3:])
+def _granted_across_stores(
+    pg_url: str, pg_schema: str, releaser: Store, name: str
+) -> list[tuple[str, str]]:
+    """A waiter of another store is granted by ``releaser``'s release, and wakes holding
+    the lock: what was notified meanwhile on its store's channel and on the schema's."""
+    waiter = lockwarden.connect(pg_url)
+    channel = f"lw_{waiter._backend._tag}"
+    try:
+        with (
+            pg_admin() as listener,
+            releaser.session(app_id="a") as a,
+            waiter.session(app_id="b") as b,
+        ):
+            listener.execute(f"LISTEN lockwarden_{pg_schema}")
+            listener.execute(f"LISTEN {channel}")
+            held = a.lock(name)
+            waiting = Background(lambda: b.lock(name, timeout=10))
+            wait_for(lambda: releaser.waiters(name), what="the waiter to queue")
+            held.release()
+            lock = waiting.result(timeout=0.5 * postgres._POKE_NET)  # woken, not looking
+            assert [(e.token, e.holder.app_id) for e in releaser.locks(name)] == [(lock.token, "b")]
+            notes = [(n.channel, n.payload) for n in listener.notifies(timeout=0.5)]
+            return [(c, p.replace(f"{lock.id} {lock.token}", "<grant>")) for c, p in notes]
+    finally:
+        waiter.close()
+
+
+def test_a_grant_on_this_machine_is_poked_not_notified(
+    store: Store, pg_url: str, pg_schema: str
+) -> None:
+    """A release pokes the inbox of a waiter's store on the releaser's machine: no NOTIFY,
+    which would signal every listening connection of the database."""
+    assert _granted_across_stores(pg_url, pg_schema, store, "poked") == []
+
+
+def test_a_grant_to_another_machine_is_notified_to_the_waiters_store_alone(
+    store: Store, pg_url: str, pg_schema: str
+) -> None:
+    """A waiter of another machine is notified on the channel of its store (named by the end
+    of its session id), with its request id and token; a path whose waiters must look again
+    names the lock."""
+    store._backend._near_arg = b"another machine/"
+    notes = _granted_across_stores(pg_url, pg_schema, store, "chan")
+    assert len(notes) == 1 and notes[0][0].startswith("lw_") and notes[0][1] == "<grant>"
+    with pg_admin() as listener, store.session(app_id="a") as a:
         listener.execute(f"LISTEN lockwarden_{pg_schema}")
-        listener.execute(f"LISTEN {channel}")
-        held = a.lock("chan")
-        waiting = Background(lambda: b.lock("chan", timeout=10))
-        wait_for(lambda: store.waiters("chan"), what="the waiter to queue")
-        held.release()
-        lock = waiting.result()
-        notes = [(n.channel, n.payload) for n in listener.notifies(timeout=1.0, stop_after=1)]
-        assert notes == [(channel, f"{lock.id} {lock.token}")]
         a.lock("chan-2")
-        store.break_lock("chan-2")  # a path whose waiters must look again names the lock
+        store.break_lock("chan-2")
         notes = [(n.channel, n.payload) for n in listener.notifies(timeout=1.0, stop_after=1)]
         assert notes == [(f"lockwarden_{pg_schema}", "chan-2")]
+
+
+def test_a_poke_that_cannot_be_sent_is_notified_instead(
+    store: Store, pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter of this machine whose store's inbox cannot be reached (gone, or full) is
+    notified on its store's channel, as a waiter of another machine is."""
+    monkeypatch.setattr(store._backend._outbox, "poke", lambda session, message: False)
+    notes = _granted_across_stores(pg_url, pg_schema, store, "unpoked")
+    assert len(notes) == 1 and notes[0][0].startswith("lw_") and notes[0][1] == "<grant>"
+
+
+def test_a_lost_poke_is_made_up_for_by_the_waiter_looking(
+    store: Store, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poke is sent after the release commits: a releaser killed in between never sends
+    it. The waiter, granted without knowing, asks within `_POKE_NET` whether it was
+    granted, and wakes holding the lock, with no attempt."""
+    monkeypatch.setattr(store._backend._outbox, "poke", lambda session, message: True)
+    waiter = lockwarden.connect(pg_url)
+    try:
+        with store.session(app_id="a") as a, waiter.session(app_id="b") as b:
+            held = a.lock("lost")
+            waiting = Background(lambda: b.lock("lost", timeout=30))
+            wait_for(lambda: store.waiters("lost"), what="the waiter to queue")
+            time.sleep(0.5)  # past its first look (`waiting.PID_POLL`)
+            attempts = waiter.stats["attempts"]
+            released = time.monotonic()
+            held.release()
+            lock = waiting.result(timeout=3 * postgres._POKE_NET)
+            assert time.monotonic() - released > 0.1  # not poked
+            assert waiter.stats["attempts"] == attempts
+            assert [e.token for e in store.locks("lost")] == [lock.token]
+    finally:
+        waiter.close()
 
 
 def test_waiters_recover_when_the_listener_connection_dies(store: Store, pg_schema: str) -> None:
@@ -457,9 +523,9 @@ def test_functions_follow_the_library_whatever_the_schema_version(
     assert current[1] == plpgsql.fingerprint(pg_schema)
     with pg_admin() as conn:  # what an older library would have left behind
         conn.execute(
-            f"CREATE OR REPLACE FUNCTION {pg_schema}.lw_release("
-            "_session text, _request text, _names text[], _relaxed boolean)"
-            " RETURNS bigint LANGUAGE sql AS 'SELECT 1::bigint'"
+            f"CREATE OR REPLACE FUNCTION {pg_schema}.lw_release(_session text, _request text,"
+            " _names text[], _relaxed boolean, _near text, OUT _n bigint, OUT _pokes text)"
+            " LANGUAGE sql AS 'SELECT 1::bigint, NULL::text'"
         )
         conn.execute(
             f"CREATE FUNCTION {pg_schema}.lw_acquire(_session text, _request text)"
@@ -623,7 +689,8 @@ def test_a_session_closing_while_a_release_grants_to_it_keeps_nothing(
         with pg_admin() as release:
             release.execute("BEGIN")
             release.execute(
-                f"SELECT {pg_schema}.lw_release(%s, %s, ARRAY['race'], false)", (h.id, held.id)
+                f"SELECT {pg_schema}.lw_release(%s, %s, ARRAY['race'], false, NULL)",
+                (h.id, held.id),
             )
             assert [s for s, _ in _holder_rows(pg_schema, "race")] == [h.id]  # not committed
             closing = Background(w.close)

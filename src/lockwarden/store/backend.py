@@ -223,6 +223,10 @@ class Backend(ABC):
     relaxed: bool = False
     """Lock transactions commit without waiting for the disk (PostgreSQL and SQLite)."""
 
+    look_every: float | None = None
+    """Seconds after which a waiter looks again though nothing woke it, where a wake-up this
+    backend sends can be lost (None: none can)."""
+
     def __init__(self, url: StoreURL) -> None:
         self.url = url
         self.stats = Stats()

@@ -5,7 +5,8 @@ They run the algorithm of the design note with the shared statements of
 `queries`, so the SQL a grant decision rests on is the same text that SQLite
 runs. What is PostgreSQL's own: the advisory locks that serialize requests
 for a name, the token sequence and its jump after a server restart (design
-note, "Durability"), and NOTIFY.
+note, "Durability"), and NOTIFY (a grant to a waiter of the releaser's machine is
+returned to the releaser's client instead, which pokes the waiter: `postgres`).
 """
 
 from __future__ import annotations
@@ -95,7 +96,23 @@ def functions(schema: str) -> list[str]:
     d = queries.plpgsql(schema)
     key = lock_key(schema)
     notify = channel(schema)
-    addressed = _grant_channel_of("_session")
+
+    def tell(session: str, message: str) -> str:
+        # A waiting request of the releaser's machine is told by the releaser's client,
+        # through its store's inbox, after the commit; any other by NOTIFY (design note,
+        # "Release"). A NOTIFY signals every listening connection of the database.
+        return f"""
+            IF _near IS NOT NULL AND EXISTS (
+                SELECT 1 FROM {schema}.lw_sessions AS s
+                WHERE s.id = {session} AND starts_with(s.pid_start, _near))
+            THEN
+                _pokes := concat_ws(E'\\n', _pokes, {session} || ' ' || {message});
+            ELSE
+                PERFORM pg_notify({_grant_channel_of(session)}, {message});
+            END IF;"""
+
+    # The token travels with the request id when the grant is of one name.
+    one_token = "_request || CASE WHEN cardinality(_tokens) = 1 THEN ' ' || _tokens[1] ELSE '' END"
 
     def bucket(name: str) -> str:
         return f"(hashtextextended({name}, 0) & {BUCKETS - 1})::integer"
@@ -263,8 +280,8 @@ BEGIN
 END
 $fn$"""
     grant = f"""
-CREATE OR REPLACE FUNCTION {schema}.lw_grant(_released text[])
-RETURNS void
+CREATE OR REPLACE FUNCTION {schema}.lw_grant(_released text[], _near text)
+RETURNS text
 {planner}
 AS $fn$
 DECLARE
@@ -284,6 +301,8 @@ DECLARE
     _i integer;
     _token bigint;
     _dequeued bigint;
+    _pokes text;
+    _holding record;
 BEGIN
     _now := date_part('epoch', clock_timestamp());
     IF cardinality(_released) = 1 THEN
@@ -291,7 +310,7 @@ BEGIN
         {d.render(_GRANT_HEAD)};
     END IF;
     IF _request IS NOT NULL THEN  -- an exclusive holder under a cap of one: nobody else gets in
-        PERFORM pg_notify({addressed}, _request || ' ' || _token);
+        {tell("_session", "_request || ' ' || _token")}
     ELSE
         _names := _released;
         FOR _candidate IN {d.render(queries.GRANT_CANDIDATES)} LOOP
@@ -310,7 +329,7 @@ BEGIN
                 FROM (SELECT DISTINCT {bucket("n")} AS bucket
                       FROM unnest(_names) AS n WHERE n <> ALL(_released) ORDER BY 1) AS k), true)
             THEN
-                PERFORM pg_notify({addressed}, _request);
+                {tell("_session", "_request")}
                 CONTINUE;
             END IF;
             _blocked := false;
@@ -333,23 +352,22 @@ BEGIN
             {move_on}
             WITH granted AS ({d.render(queries.INSERT_HOLDERS)})
             SELECT array_agg(g.token) INTO _tokens FROM granted AS g;
-            PERFORM pg_notify({addressed}, _request || CASE WHEN cardinality(_tokens) = 1
-                                                            THEN ' ' || _tokens[1] ELSE '' END);
+            {tell("_session", one_token)}
         END LOOP;
     END IF;
     _names := _released;
-    PERFORM pg_notify({_grant_channel_of("r.session_id")}, r.request_id)
-    FROM ({d.render(queries.HOLDING_WAITERS)}) AS r;
+    FOR _holding IN {d.render(queries.HOLDING_WAITERS)} LOOP
+        {tell("_holding.session_id", "_holding.request_id")}
+    END LOOP;
+    RETURN _pokes;
 END
 $fn$"""
     release = f"""
 CREATE OR REPLACE FUNCTION {schema}.lw_release(
-    _session text, _request text, _names text[], _relaxed boolean)
-RETURNS bigint
+    _session text, _request text, _names text[], _relaxed boolean, _near text,
+    OUT _n bigint, OUT _pokes text)
 {planner}
 AS $fn$
-DECLARE
-    _n bigint;
 BEGIN
     {relax}
     {lock_names("_names")}
@@ -361,11 +379,10 @@ BEGIN
     END IF;
     -- Holding the names' locks, no waiter can enqueue unseen between this check and the
     -- commit: the waiters the release lets in are granted here, in queue order, and only
-    -- they are notified; a release nobody waits for costs no more than its delete.
+    -- they are told; a release nobody waits for costs no more than its delete.
     IF EXISTS (SELECT 1 FROM {schema}.lw_waiters WHERE name = ANY(_names)) THEN
-        PERFORM {schema}.lw_grant(_names);
+        _pokes := {schema}.lw_grant(_names, _near);
     END IF;
-    RETURN _n;
 END
 $fn$"""
     return [acquire, lock, grant, release]

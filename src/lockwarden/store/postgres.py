@@ -1,10 +1,12 @@
 """The PostgreSQL backend: the lock functions, the LISTEN thread.
 
 Acquire and release are one call each to the PL/pgSQL functions of
-`plpgsql` (one round trip); a release grants the waiters it lets in. Wake-ups
-come by NOTIFY on two channels named after the schema: one addressed to a
-request of this store (a grant, with its token), one to a name's waiters.
-One LISTEN connection per store hands each to the local waiters it concerns.
+`plpgsql` (one round trip); a release grants the waiters it lets in. It
+tells those of its own machine itself, after the commit, by a poke to their
+store's inbox (`inbox`), and the others are sent a NOTIFY on the channel of
+their store; changes that only let waiters look again notify a channel of
+the names. One thread per waiting store reads its inbox and its LISTEN
+connection and hands each message to the local waiters it concerns.
 Connections and retries are `pgconn`'s; an acquire is retried with the same
 request id, so a retried acquire is recognised rather than granted twice.
 """
@@ -13,13 +15,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import select
+import socket
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from functools import cache
 from typing import TYPE_CHECKING, TypeVar
 
 from lockwarden import hooks
-from lockwarden.store import plpgsql, queries
+from lockwarden.errors import StoreError
+from lockwarden.store import inbox, plpgsql, process, queries
 from lockwarden.store.backend import (
     STORE_LOG,
     TAG_LENGTH,
@@ -52,6 +58,11 @@ _LISTEN_POLL = 0.2
 This is a local wait on the socket, not a query: no statement is sent.
 """
 
+_POKE_NET = 1.0
+"""Seconds after which a waiter looks again though not woken, where releases of this machine
+poke it: a poke is sent after the release commits, so a releaser that dies or is cut off
+in between never sends it (design note, "Release")."""
+
 _LISTEN_IDLE = 10.0
 """Seconds without a waiter after which a store closes its LISTEN connection.
 
@@ -69,8 +80,15 @@ _LOCK = (
     "SELECT * FROM {schema}.lw_lock($1::text, $2::text, $3::text, $4::text,"
     " $5::boolean, $6::boolean, $7::double precision, $8::boolean)"
 )
-_RELEASE_ONE = "SELECT {schema}.lw_release($1::text, $2::text, ARRAY[$3::text], $4::boolean)"
-_RELEASE = "SELECT {p}lw_release(:session, :request, :names::text[], :relaxed) AS released"
+_RELEASE_ONE = (
+    "SELECT * FROM {schema}.lw_release($1::text, $2::text, ARRAY[$3::text], $4::boolean, $5::text)"
+)
+_RELEASE = "SELECT * FROM {p}lw_release(:session, :request, :names::text[], :relaxed, :near)"
+_NOTIFY = (
+    "SELECT count(pg_notify(c, m)) AS sent"
+    " FROM unnest(CAST(:channels AS text[]), CAST(:messages AS text[])) AS t(c, m)"
+)
+"""What a release could not poke, notified instead (`PostgresBackend._tell`)."""
 
 
 class PostgresBackend(SQLBackend):
@@ -85,6 +103,15 @@ class PostgresBackend(SQLBackend):
         self._release_one = _prepared(_RELEASE_ONE, url.schema)
         self._release_many = self.dialect.render(_RELEASE)
         self._relaxed = _BOOL[relaxed]
+        here = process.machine() if inbox.reachable() else None
+        self._near = None if here is None else here + "/"
+        """What begins the identity of every process of this machine (`process.identity`):
+        the releases of this store poke the waiters whose sessions' identities begin so."""
+        self._near_arg = None if self._near is None else self._near.encode()
+        if self._near is not None:
+            self.look_every = _POKE_NET
+        self._outbox = inbox.Outbox()
+        self._inbox: socket.socket | None = None
         self._closed = threading.Event()
         self._listening = threading.Event()
         self._listen_tried = threading.Event()
@@ -191,7 +218,7 @@ class PostgresBackend(SQLBackend):
     def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
         sent = 0
 
-        def work(conn: Connection) -> int:
+        def work(conn: Connection) -> tuple[int, str | None]:
             nonlocal sent
             sent += 1
             if len(names) == 1:  # the common case, prepared: no array to adapt
@@ -200,20 +227,48 @@ class PostgresBackend(SQLBackend):
                     request_id.encode(),
                     names[0].encode(),
                     self._relaxed,
+                    self._near_arg,
                 ]
-                (count,) = self._call(conn, self._release_one, args)
+                count, pokes = self._call(conn, self._release_one, args)
                 assert count is not None  # lw_release returns how many it deleted
-                return int(count)
+                return int(count), None if pokes is None else pokes.decode()
             params = {"session": session_id, "request": request_id, "names": list(names)}
-            rows = self._execute(conn, self._release_many, {**params, "relaxed": self.relaxed})
-            released: int = rows[0]["released"]
-            return released
+            rows = self._execute(
+                conn, self._release_many, {**params, "relaxed": self.relaxed, "near": self._near}
+            )
+            return int(rows[0]["_n"]), rows[0]["_pokes"]
 
-        deleted = self._run(work)
+        deleted, pokes = self._run(work)
+        self._tell(pokes, names if sent > 1 else ())
         # A release resent after its connection dropped finds nothing when the
         # first one committed; it cannot tell that from a lock lost meanwhile,
         # and the first is by far the likelier, so it counts as released.
         return len(names) if sent > 1 and deleted == 0 else deleted
+
+    def _tell(self, pokes: str | None, resent: Sequence[str]) -> None:
+        """Tell the waiters of this machine that a release let in what it did: ``pokes``,
+        one ``"<session id> <message>"`` a line (`Wakeups.deliver` reads the message).
+        Those of this store at once, the others through their stores' inboxes; what
+        cannot go that way goes by NOTIFY. A release that was ``resent`` after its
+        connection dropped may have let waiters in whose pokes are lost with the first
+        answer: every waiter of its names looks again."""
+        channels: list[str] = []
+        messages: list[str] = []
+        for line in pokes.split("\n") if pokes else ():
+            session, _, message = line.partition(" ")
+            if session.endswith(self._tag):
+                self.wakeups.deliver(message)
+            elif not self._outbox.poke(session, message):
+                channels.append(plpgsql.grant_channel(session[-TAG_LENGTH:]))
+                messages.append(message)
+        for name in resent:
+            channels.append(plpgsql.channel(self.url.schema))
+            messages.append(name)
+        if channels:
+            # The release stands whatever happens here: at worst the waiters look again
+            # within `_POKE_NET`.
+            with suppress(StoreError):
+                self.query(_NOTIFY, {"channels": channels, "messages": messages})
 
     # -- wake-ups --------------------------------------------------------------------
 
@@ -222,6 +277,8 @@ class PostgresBackend(SQLBackend):
             return
         with self._listener_lock:
             if self._listener is None:
+                # Bound before the first look, so that a poke sent after it waits to be read.
+                self._inbox = inbox.open_inbox(self._tag) if self._near is not None else None
                 self._listener = threading.Thread(
                     target=self._listen, name="lockwarden-listen", daemon=True
                 )
@@ -255,11 +312,7 @@ class PostgresBackend(SQLBackend):
                     self.wakeups.wake_all()
                     failures = 0
                     while not self._closed.is_set():
-                        for note in conn.notifies(timeout=_LISTEN_POLL):
-                            if note.channel == requests:
-                                self.wakeups.deliver(note.payload)
-                            else:
-                                self.wakeups.wake((note.payload,))
+                        self._receive(conn, requests)
                         stopped = self.wakeups.unwatch(_LISTEN_IDLE, self._unwatch)
                         if stopped:
                             return
@@ -280,10 +333,29 @@ class PostgresBackend(SQLBackend):
                 failures += 1
                 self._closed.wait(jittered(min(0.05 * 2**failures, _POLL_FALLBACK)))
 
+    def _receive(self, conn: Connection, requests: str) -> None:
+        """Wait up to `_LISTEN_POLL` for notifications and pokes, and hand each to the
+        waiters it concerns."""
+        pg, box = conn.pgconn.socket, self._inbox
+        fds = [pg] if box is None else [pg, box.fileno()]
+        ready, _, _ = select.select(fds, [], [], _LISTEN_POLL)
+        if box is not None and box.fileno() in ready:
+            for message in inbox.drain([box]):
+                self.wakeups.deliver(message.decode(errors="replace"))
+        if pg in ready:
+            for note in conn.notifies(timeout=0):
+                if note.channel == requests:
+                    self.wakeups.deliver(note.payload)
+                else:
+                    self.wakeups.wake((note.payload,))
+
     def _unwatch(self) -> None:
         """The listener stops (`Wakeups.unwatch`, under its lock): the next `_watch`
         starts another, and waits for its LISTEN."""
         with self._listener_lock:
+            if self._inbox is not None:
+                self._inbox.close()
+                self._inbox = None
             self._listener = None
             self._listen_tried.clear()
             self._listening.clear()
@@ -303,6 +375,9 @@ class PostgresBackend(SQLBackend):
         if self._listener is not None:
             self._listener.join(timeout=2 * _LISTEN_POLL + 1.0)
         self._connections.close()
+        self._outbox.close()
+        if self._inbox is not None:
+            self._inbox.close()
 
 
 _BOOL = {True: b"t", False: b"f"}

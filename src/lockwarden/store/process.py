@@ -72,8 +72,9 @@ def boot() -> int | None:
 
 
 @cache
-def _machine() -> str | None:
-    """This boot of this kernel, and our pid namespace: where a pid means one process."""
+def machine() -> str | None:
+    """This boot of this kernel, and our pid namespace: where a pid means one process (the
+    start of every `identity` made here), or None where it cannot be known."""
     boot_id = _boot_id()
     try:
         namespace = os.readlink("/proc/self/ns/pid")
@@ -84,22 +85,22 @@ def _machine() -> str | None:
 
 def identity(pid: int | None = None) -> str | None:
     """The identity of process ``pid`` (default: this one), or None where it cannot be known."""
-    machine = _machine()
+    here = machine()
     try:
         found = _stat(os.getpid() if pid is None else pid)
     except OSError:
         return None
-    if machine is None or found is None:
+    if here is None or found is None:
         return None
-    return f"{machine}/{found[1]}"
+    return f"{here}/{found[1]}"
 
 
 def local(row: Mapping[str, Any]) -> bool:
     """Whether the session of ``row`` (with ``pid_start``) was opened on this machine,
     in our pid namespace, where its pid can be looked up."""
     recorded = row.get("pid_start")
-    machine = _machine()
-    return recorded is not None and machine is not None and recorded.startswith(machine + "/")
+    here = machine()
+    return recorded is not None and here is not None and recorded.startswith(here + "/")
 
 
 def gone(row: Mapping[str, Any]) -> bool:
@@ -128,7 +129,7 @@ def gone(row: Mapping[str, Any]) -> bool:
         found = _stat(pid)
     except OSError:
         return False  # cannot look (permissions): take it as alive
-    if found is None or found[0] in _GONE_STATES or recorded != f"{_machine()}/{found[1]}":
+    if found is None or found[0] in _GONE_STATES or recorded != f"{machine()}/{found[1]}":
         _found_alive.pop(key, None)
         return True
     if len(_found_alive) >= _KEPT:

@@ -24,17 +24,16 @@ import os
 import select
 import socket
 import sqlite3
-import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext, suppress
 from functools import partial
 from typing import Any, TypeVar
 
 from lockwarden.errors import LockUsageError, StoreError
-from lockwarden.store import process, queries, schema
+from lockwarden.store import inbox, process, queries, schema
 from lockwarden.store.attempt import Engine, Told, attempt, grant
 from lockwarden.store.backend import (
     TAG_LENGTH,
@@ -342,8 +341,7 @@ class SQLiteBackend(SQLBackend):
         for end in self._kicks:
             end.setblocking(False)
         self._inbox: socket.socket | None = None
-        self._outbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._outbox.setblocking(False)
+        self._outbox = inbox.Outbox()
         self._poller: threading.Thread | None = None
         self._poller_lock = threading.Lock()
         self._contended = FoughtOver()
@@ -536,7 +534,7 @@ class SQLiteBackend(SQLBackend):
 
     def new_session_id(self) -> str:
         """Random, and ending with this store's tag: a release pokes the inbox of the
-        waiter's own store (`_inbox_address`)."""
+        waiter's own store (`inbox`)."""
         return random_hex(16) + self._tag
 
     def _poke(self, told: list[Told]) -> None:
@@ -547,17 +545,12 @@ class SQLiteBackend(SQLBackend):
             if session.endswith(self._tag):
                 self.wakeups.address(request, tokens)
                 continue
-            address = _inbox_address(session[-TAG_LENGTH:])
-            if address is None:
-                continue
-            message = f"{request} {tokens[0]}" if tokens else request
-            with suppress(OSError):
-                self._outbox.sendto(message.encode(), address)
+            self._outbox.poke(session, f"{request} {tokens[0]}" if tokens else request)
 
     def _watch(self) -> None:
         with self._poller_lock:
             if self._poller is None:
-                self._inbox = _open_inbox(self._tag)
+                self._inbox = inbox.open_inbox(self._tag)
                 self._poller = threading.Thread(
                     target=self._poll, name="lockwarden-sqlite-poll", daemon=True
                 )
@@ -580,7 +573,7 @@ class SQLiteBackend(SQLBackend):
             ready, _, _ = select.select(sources, [], [], interval if self.wakeups.waiting else None)
             if self._kicks[0] in ready:
                 interval = POLL_MIN
-            for message in _drain(ready):
+            for message in inbox.drain(ready):
                 if message:  # a poke from a release (`_poke`); empty: a kick
                     self.wakeups.deliver(message.decode(errors="replace"))
             if self._closed.is_set() or not self.wakeups.waiting:
@@ -615,36 +608,7 @@ class SQLiteBackend(SQLBackend):
         self._pool.close()
         self._relaxed_pool.close()
         self._writing.close()
-        for sock in (*self._kicks, self._outbox, self._inbox):
+        self._outbox.close()
+        for sock in (*self._kicks, self._inbox):
             if sock is not None:
                 sock.close()
-
-
-def _inbox_address(tag: str) -> bytes | None:
-    """Where a store tagged ``tag`` receives pokes: a datagram socket in Linux's abstract
-    namespace (no file to create or clean up; gone with its process). None elsewhere:
-    there waiters of other processes rely on the poller alone."""
-    return b"\0lockwarden-" + tag.encode() if sys.platform == "linux" else None
-
-
-def _open_inbox(tag: str) -> socket.socket | None:
-    address = _inbox_address(tag)
-    if address is None:
-        return None
-    inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    try:
-        inbox.bind(address)
-    except OSError:
-        inbox.close()
-        return None  # the poller serves alone
-    inbox.setblocking(False)
-    return inbox
-
-
-def _drain(ready: list[socket.socket]) -> Iterator[bytes]:
-    for sock in ready:
-        while True:
-            try:
-                yield sock.recv(256)
-            except BlockingIOError:
-                break

@@ -255,7 +255,7 @@ def acquire_steps(
             if not listening:
                 listening = True
                 yield Listen(frozenset(names), request_id, since, epoch)
-            woken = yield from _wait(backend, attempt.rows or (), _min(remaining, look_again))
+            woken = yield from _wait(backend, want, attempt.rows or (), _min(remaining, look_again))
             if isinstance(woken, tuple) and len(woken) == len(names):
                 backend.stats.add("handed")  # granted by a release: no attempt needed
                 return request_id, dict(zip(names, woken, strict=True))
@@ -330,6 +330,20 @@ def _until(
     return remaining, blocked.recheck
 
 
+def _granted_meanwhile(backend: Backend, want: Want) -> Woken:
+    """The tokens of the request's names if a release granted it all of them, else False.
+
+    One read, outside every name's lock: a grant is final until its holder releases it.
+    """
+    names = [name for name, _ in want.items]
+    rows = backend.query(
+        queries.GRANTED,
+        {"request": want.request_id, "session": want.session_id, "names": names},
+    )
+    tokens = {row["name"]: row["token"] for row in rows}
+    return tuple(tokens[name] for name in names) if len(tokens) == len(names) else False
+
+
 def _look(backend: Backend, want: Want, queued: Attempt) -> Attempt | None:
     """What is in the way of a request that queued without looking (`queries.BLOCKED_BY_LIVE`)
     and has waited `PID_POLL` (or to its deadline; with a ``max_hold``, not at all) without
@@ -360,22 +374,41 @@ def _look(backend: Backend, want: Want, queued: Attempt) -> Attempt | None:
     return None if stale or not rows else Attempt("blocked", rows=rows)
 
 
-def _wait(backend: Backend, rows: Sequence[Row], look_again: float | None) -> Steps[Woken]:
+def _wait(
+    backend: Backend, want: Want, rows: Sequence[Row], look_again: float | None
+) -> Steps[Woken]:
     """Wait until woken, or ``look_again`` seconds (None: no limit); say what ended it.
 
     Nothing announces that a holder of another process on this machine was
     killed: its pid is looked at every `PID_POLL` while one is in the way, here,
-    without the database. Only a wake-up, such a death or the moment to look
-    again sends the request back to the database.
+    without the database. Where a wake-up can be lost, the database is asked
+    every `Backend.look_every` whether the request was granted meanwhile
+    (`_granted_meanwhile`), which ends the wait if so; the asking does not move
+    the moment to look again. Only a wake-up, a grant found so, a death or the
+    moment to look again sends the request back to the database.
     """
     mortal = [r for r in rows if _mortal(r)]
-    until = None if look_again is None else time.monotonic() + look_again
+    every = backend.look_every
+    now = time.monotonic()
+    until = None if look_again is None else now + look_again
+    ask_at = None if every is None else now + every
     while True:
-        woken: Woken = yield Wait(_min(look_again, PID_POLL if mortal else None))
-        look_again = None if until is None else until - time.monotonic()
+        woken: Woken = yield Wait(
+            _min(_min(look_again, PID_POLL if mortal else None), _until_then(ask_at))
+        )
+        now = time.monotonic()
+        if not woken and every is not None and ask_at is not None and now >= ask_at:
+            woken = yield Call(partial(_granted_meanwhile, backend, want))
+            ask_at = now + every
+        look_again = None if until is None else until - now
         if woken or any(map(process.gone, mortal)) or (look_again is not None and look_again <= 0):
             backend.stats.add("waits")  # one per wait that ends, not per look at a pid
             return woken
+
+
+def _until_then(moment: float | None) -> float | None:
+    """Seconds from now to ``moment`` on `time.monotonic` (None: no moment), at least 0."""
+    return None if moment is None else max(0.0, moment - time.monotonic())
 
 
 def _expire_gone(backend: Backend, rows: Sequence[Row]) -> Steps[bool]:
