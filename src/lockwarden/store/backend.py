@@ -224,8 +224,8 @@ class Backend(ABC):
     """Lock transactions commit without waiting for the disk (PostgreSQL and SQLite)."""
 
     look_every: float | None = None
-    """Seconds after which a waiter looks again though nothing woke it, where a wake-up this
-    backend sends can be lost (None: none can)."""
+    """How often (seconds) a waiter asks whether it was granted though nothing woke it,
+    where a wake-up this backend sends can be lost (None: none can; `waiting._wait`)."""
 
     def __init__(self, url: StoreURL) -> None:
         self.url = url

@@ -59,8 +59,8 @@ This is a local wait on the socket, not a query: no statement is sent.
 """
 
 _POKE_NET = 1.0
-"""Seconds after which a waiter looks again though not woken, where releases of this machine
-poke it: a poke is sent after the release commits, so a releaser that dies or is cut off
+"""How often (seconds) a waiter that releases of this machine may poke asks whether it was
+granted: a poke is sent after the release commits, so a releaser that dies or is cut off
 in between never sends it (design note, "Release")."""
 
 _LISTEN_IDLE = 10.0
