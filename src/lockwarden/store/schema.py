@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, NamedTuple
 
-SCHEMA_VERSION: Final = 8
+SCHEMA_VERSION: Final = 9
 
 BOOTSTRAP: Final = """CREATE TABLE IF NOT EXISTS {p}lw_meta (
     key TEXT PRIMARY KEY,
@@ -88,7 +88,7 @@ _TABLES: Final = (
     )""",
 )
 
-COMPATIBLE_FROM: Final[Mapping[int, int]] = {1: 1, 2: 2, 3: 2, 4: 2, 6: 5, 7: 5, 8: 5}
+COMPATIBLE_FROM: Final[Mapping[int, int]] = {1: 1, 2: 2, 3: 2, 4: 2, 6: 5, 7: 5, 8: 5, 9: 9}
 """For each version, the oldest version whose clients can use a store at it safely.
 
 A version left out counts as usable by no older client (the safe default).
@@ -100,6 +100,8 @@ reserve SQLite tokens itself beside the trigger that now moves the counter.
 Version 7 adds a counter that older clients do not move: on SQLite and MySQL the
 locks they reclaim go uncounted until they upgrade (on PostgreSQL the functions
 count, whoever calls them), which only leaves a metric short.
+Version 9 is not usable by older clients: on PostgreSQL they would call ``lw_release``
+with its old arguments, or put its old body back on connecting.
 """
 
 READ_VERSION: Final = "SELECT value FROM {p}lw_meta WHERE key = 'schema_version'"
@@ -169,6 +171,9 @@ _STEPS: Final[dict[int, Sequence[str]]] = {
         "DROP INDEX IF EXISTS {p}lw_holders_session",
         "DROP INDEX IF EXISTS {p}lw_holders_request",
     ),
+    # PostgreSQL's release takes the releaser's machine and returns the grants it is to
+    # poke (`plpgsql`; the functions follow the library, not this step). No table changes.
+    9: (),
 }
 
 
