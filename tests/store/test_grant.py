@@ -68,7 +68,7 @@ def test_readers_at_the_head_share_the_grant_and_a_writer_waits(store: Store) ->
         store._backend.wakeups.add(sub)
     if store.url.startswith("postgresql"):
         # As if the waiters ran on another machine: told by NOTIFY, which a test can hear.
-        store._backend._near_arg = b"another machine/"
+        store._backend._near = b"another machine/"
         with pg_admin() as listener:
             listener.execute(f"LISTEN lw_{r1.id[-16:]}")
             held.release()

@@ -134,7 +134,7 @@ def test_a_grant_to_another_machine_is_notified_to_the_waiters_store_alone(
     """A waiter of another machine is notified on the channel of its store (named by the end
     of its session id), with its request id and token; a path whose waiters must look again
     names the lock."""
-    store._backend._near_arg = b"another machine/"
+    store._backend._near = b"another machine/"
     notes = _granted_across_stores(pg_url, pg_schema, store, "chan")
     assert len(notes) == 1 and notes[0][0].startswith("lw_") and notes[0][1] == "<grant>"
     with pg_admin() as listener, store.session(app_id="a") as a:

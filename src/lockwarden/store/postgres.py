@@ -104,10 +104,10 @@ class PostgresBackend(SQLBackend):
         self._release_many = self.dialect.render(_RELEASE)
         self._relaxed = _BOOL[relaxed]
         here = process.machine() if inbox.reachable() else None
-        self._near = None if here is None else here + "/"
-        """What begins the identity of every process of this machine (`process.identity`):
-        the releases of this store poke the waiters whose sessions' identities begin so."""
-        self._near_arg = None if self._near is None else self._near.encode()
+        self._near = None if here is None else f"{here}/".encode()
+        """What begins the identity of every process of this machine (`process.identity`),
+        as a prepared call's argument: the releases of this store poke the waiters whose
+        sessions' identities begin so."""
         if self._near is not None:
             self.look_every = _POKE_NET
         self._outbox = inbox.Outbox()
@@ -227,19 +227,21 @@ class PostgresBackend(SQLBackend):
                     request_id.encode(),
                     names[0].encode(),
                     self._relaxed,
-                    self._near_arg,
+                    self._near,
                 ]
                 count, pokes = self._call(conn, self._release_one, args)
                 assert count is not None  # lw_release returns how many it deleted
                 return int(count), None if pokes is None else pokes.decode()
             params = {"session": session_id, "request": request_id, "names": list(names)}
+            near = None if self._near is None else self._near.decode()
             rows = self._execute(
-                conn, self._release_many, {**params, "relaxed": self.relaxed, "near": self._near}
+                conn, self._release_many, {**params, "relaxed": self.relaxed, "near": near}
             )
             return int(rows[0]["_n"]), rows[0]["_pokes"]
 
         deleted, pokes = self._run(work)
-        self._tell(pokes, names if sent > 1 else ())
+        if pokes or sent > 1:
+            self._tell(pokes, names if sent > 1 else ())
         # A release resent after its connection dropped finds nothing when the
         # first one committed; it cannot tell that from a lock lost meanwhile,
         # and the first is by far the likelier, so it counts as released.
