@@ -9,14 +9,17 @@ release grants one single-name request at most, and only when it releases one na
 from __future__ import annotations
 
 import itertools
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 
 from lockwarden import Deadlock, LockLost, LockTimeout
-from lockwarden.store import Session, Store, waiting
-from lockwarden.store.backend import AcquireRequest
+from lockwarden.store import Session, Store, attempt, waiting
+from lockwarden.store.attempt import Engine, Told
+from lockwarden.store.backend import AcquireRequest, Run
+from lockwarden.store.postgres import PostgresBackend
 from lockwarden.store.wakeups import Subscription
 from tests.conftest import (
     Background,
@@ -227,6 +230,55 @@ def test_a_grant_that_completes_a_cycle_is_still_refused(store: Store) -> None:
     on_l2.release()
     with pytest.raises(Deadlock):
         waiting.result(timeout=10)
+
+
+def record_told(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The sessions that releases made through ``store`` tell from now on, granted or sent
+    to look again, in order: read where each backend decides, before anything is sent."""
+    told: list[str] = []
+    backend = store._backend
+    if isinstance(backend, PostgresBackend):  # decided by lw_grant, poked by _tell
+        tell = backend._tell
+
+        def recording_tell(pokes: str | None, resent: Sequence[str]) -> None:
+            told.extend(line.partition(" ")[0] for line in (pokes or "").splitlines())
+            tell(pokes, resent)
+
+        monkeypatch.setattr(backend, "_tell", recording_tell)
+    else:  # SQLite and MySQL: attempt.grant, called by the release
+        module = sys.modules[type(backend).__module__]
+
+        def recording_grant(run: Run, released: Sequence[str], engine: Engine) -> list[Told]:
+            made = attempt.grant(run, released, engine)
+            told.extend(session for _, session, _ in made)
+            return made
+
+        monkeypatch.setattr(module, "grant", recording_grant)
+    return told
+
+
+@pytest.mark.parametrize("grantee_waits", [False, True])
+def test_a_hand_off_tells_the_holding_waiters_behind_only_if_its_grantee_still_waits(
+    store: Store, monkeypatch: pytest.MonkeyPatch, grantee_waits: bool
+) -> None:
+    """A waiter whose session holds a lock is sent to look again after a hand-off of the
+    name it waits for (its attempt runs the deadlock check) only if the new holder's
+    session still waits for something: through a session that waits for nothing, a
+    grant completes no cycle, and a release need not read every waiter's holdings."""
+    if grants_one(store):
+        pytest.skip("etcd decides whom a hand-off wakes by its own rule (ETCD.md)")
+    holder, one, two = (store.session(app_id=x, ttl=30) for x in ("holder", "one", "two"))
+    held = holder.lock("q")
+    two.lock("elsewhere")
+    if grantee_waits:
+        holder.lock("other")
+        enqueue(one, {"other": "X"})
+    enqueue(one, {"q": "X"})
+    enqueue(two, {"q": "X"})
+    told = record_told(store, monkeypatch)
+    held.release()
+    assert holders(store, "q") == [("one", "X")]
+    assert told == ([one.id, two.id] if grantee_waits else [one.id])
 
 
 @pytest.mark.slow

@@ -127,12 +127,15 @@ def grant(run: Run, released: Sequence[str], engine: Engine) -> list[Told]:
     (`Engine.try_lock`); otherwise it is told to attempt for itself. Returns whom
     to tell after the commit: each granted request, each multi-lock left to
     itself, and the waiters left on the names whose sessions hold locks (their
-    attempt runs the deadlock check a grant may now complete).
+    attempt runs the deadlock check a grant may now complete), unless the only
+    grant was the common hand-off to a session that waits for nothing else.
     """
     told: list[Told] = []
     closed: set[str] = set()
     if len(released) == 1 and (head := _grant_head(run, released[0], engine)):
         told.append(head)
+        if not run(queries.WAITS_ANY, {"session": head[1]})[0]["waits"]:
+            return told  # no cycle to complete: see `queries.HOLDING_WAITERS`
         candidates = []
     else:
         candidates = run(queries.GRANT_CANDIDATES, {"names": released})

@@ -311,6 +311,9 @@ BEGIN
     END IF;
     IF _request IS NOT NULL THEN  -- an exclusive holder under a cap of one: nobody else gets in
         {tell("_session", "_request || ' ' || _token")}
+        IF NOT (SELECT w.waits FROM ({d.render(queries.WAITS_ANY)}) AS w) THEN
+            RETURN _pokes;  -- no cycle to complete: see `HOLDING_WAITERS`
+        END IF;
     ELSE
         _names := _released;
         FOR _candidate IN {d.render(queries.GRANT_CANDIDATES)} LOOP

@@ -396,7 +396,15 @@ WHERE w.name {in_names}
   AND EXISTS (SELECT 1 FROM {p}lw_holders AS h WHERE h.session_id = w.session_id)
 """
 """Waiters left on the released names whose sessions hold locks: asked to attempt again,
-because their attempt runs the deadlock check (a release used to wake every waiter)."""
+because their attempt runs the deadlock check, which a grant may complete (design note,
+"Release"). Not after the common hand-off to a session that waits for nothing else
+(`WAITS_ANY`): that grant completes no cycle."""
+
+WAITS_ANY: Final = """
+SELECT EXISTS (SELECT 1 FROM {p}lw_waiters WHERE session_id = :session) AS waits
+"""
+"""Whether a session has any queue entry: asked of the session a hand-off just granted,
+its granted request dequeued. A grant can complete a cycle only through such a session."""
 
 # -- reads ------------------------------------------------------------------
 
