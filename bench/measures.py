@@ -45,7 +45,17 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pgwire import Count, RoundTripCounter
-from subjects import BY_KEY, ETCD, POSTGRES, SQLITE, Env, Lockwarden, Subject, make
+from subjects import (
+    BY_KEY,
+    ETCD,
+    POSTGRES,
+    SQLITE,
+    Env,
+    Lockwarden,
+    PostgresHandoffFloor,
+    Subject,
+    make,
+)
 
 perf = time.perf_counter
 
@@ -714,9 +724,11 @@ def applies(measure: str, subject: type[Subject]) -> bool:
         return subject.is_lock
     if measure == "round_trips":
         return subject.backend == POSTGRES
-    if measure == "crowd":
+    if measure == "crowd":  # and on PostgreSQL the floor that bounds it, beside it
         durable = issubclass(subject, Lockwarden) and subject.durability == "durable"
-        return durable and subject.backend in (SQLITE, POSTGRES)
+        return (
+            durable and subject.backend in (SQLITE, POSTGRES)
+        ) or subject is PostgresHandoffFloor
     if measure == "neighbours":  # PostgreSQL's NOTIFY alone signals every listener
         durable = issubclass(subject, Lockwarden) and subject.durability == "durable"
         return durable and subject.backend == POSTGRES

@@ -22,8 +22,18 @@ def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def _times(value: float | None, base: float | None) -> str:
+    return "-" if value is None or not base else f"{value / base:.2f}x"
+
+
 def _over(value: float | None, base: float | None) -> str:
-    return "" if value is None or not base else f" ({value / base:.2f}x)"
+    return "" if value is None or not base else f" ({_times(value, base)})"
+
+
+def _subject(key: str) -> str:
+    """A subject's label, lockwarden's in bold."""
+    label: str = BY_KEY[key].label
+    return f"**{label}**" if key.startswith("lockwarden") else label
 
 
 def _get(results: Results, measure: str, key: str, field: str) -> Any:
@@ -76,7 +86,7 @@ def markdown(results: Results) -> str:
         rows.append(
             [
                 cls.backend,
-                f"**{cls.label}**" if key.startswith("lockwarden") else cls.label,
+                _subject(key),
                 _f(_get(results, "uncontended", key, "acquire_us")),
                 _f(_get(results, "uncontended", key, "release_us")),
                 _f(_get(results, "uncontended", key, "pair_us")),
@@ -135,7 +145,7 @@ def markdown(results: Results) -> str:
         rows.append(
             [
                 cls.backend,
-                f"**{cls.label}**" if key.startswith("lockwarden") else cls.label,
+                _subject(key),
                 _f(hand.get("median_ms"), 2),
                 _f(hand.get("p99_ms"), 2),
                 *(_f(queued.get(str(d), {}).get("median_ms"), 2) for d in depths),
@@ -190,17 +200,21 @@ def markdown(results: Results) -> str:
     if crowds:
         out += [
             "",
-            "**Many processes** (lockwarden, durable: each process loops on one of a few "
-            f"names for {meta['plan']['throughput_seconds']:g} s; waits from the call to the "
-            "grant; fair: the fewest acquisitions of any process over the most)",
+            "**Many processes** (lockwarden, durable, and on PostgreSQL the durable hand-off "
+            "floor: each process loops on one of a few names for "
+            f"{meta['plan']['throughput_seconds']:g} s; over 4 processes: the rate over the "
+            "same subject's contended throughput; waits from the call to the grant; fair: "
+            "the fewest acquisitions of any process over the most)",
             "",
         ]
         out += _table(
             [
                 "backend",
+                "subject",
                 "processes",
                 "names",
                 "acquisitions/s",
+                f"over {meta['plan']['processes']} processes",
                 "wait median ms",
                 "wait p99 ms",
                 "wait max ms",
@@ -211,9 +225,11 @@ def markdown(results: Results) -> str:
             [
                 [
                     BY_KEY[key].backend,
+                    _subject(key),
                     str(found.get("processes", "-")),
                     str(found.get("names", "-")),
                     _f(found.get("per_second")),
+                    _times(found.get("per_second"), _get(results, "throughput", key, "per_second")),
                     _f(found.get("median_wait_ms"), 2),
                     _f(found.get("p99_wait_ms"), 1),
                     _f(found.get("max_wait_ms"), 1),
