@@ -40,7 +40,7 @@ TOY = measures.Plan(
     settle=(0.001, 0.002),
     throughput_seconds=0.2,
     processes=2,
-    crowds={SQLITE: (3, 2)},
+    crowds={SQLITE: (3, 2), POSTGRES: (3, 1)},
     flat_levels=(0, 10),
     flat_ops=20,
     counted_pairs=2,
@@ -115,6 +115,8 @@ def test_the_durable_handoff_floor_is_a_lock_granted_in_queue_order() -> None:
     contended = results["throughput"]["pg-handoff-floor"]
     assert contended["exclusive"] is True, contended
     assert max(contended["shares"]) - min(contended["shares"]) <= 0.1, contended
+    crowded = results["crowd"]["pg-handoff-floor"]  # beside lockwarden's many processes
+    assert (crowded["processes"], crowded["exclusive"]) == (3, True), crowded
 
 
 def test_every_measure_runs_on_postgresql(tmp_path: Path) -> None:
