@@ -23,7 +23,7 @@ def _ratio(value: float | None) -> str:
 
 
 def _times(value: float | None, base: float | None) -> str:
-    return "-" if value is None or not base else f"{value / base:.2f}x"
+    return _ratio(None if value is None or not base else value / base)
 
 
 def _over(value: float | None, base: float | None) -> str:
@@ -202,7 +202,8 @@ def markdown(results: Results) -> str:
             "",
             "**Many processes** (lockwarden, durable, and on PostgreSQL the durable hand-off "
             "floor: each process loops on one of a few names for "
-            f"{meta['plan']['throughput_seconds']:g} s; over 4 processes: the rate over the "
+            f"{meta['plan']['throughput_seconds']:g} s; over {meta['plan']['processes']} "
+            "processes: the rate over the "
             "same subject's contended throughput; waits from the call to the grant; fair: "
             "the fewest acquisitions of any process over the most)",
             "",
