@@ -33,6 +33,7 @@ from lockwarden.store.backend import AcquireRequest
 from lockwarden.store.etcd import EtcdBackend
 from lockwarden.store.mysql import MySQLBackend
 from lockwarden.store.postgres import PostgresBackend
+from lockwarden.store.sqlite import SQLiteBackend
 from tests.conftest import empty_locks
 
 NAMES = ("a", "b", "c")
@@ -117,9 +118,11 @@ def test_grant_decisions_match_the_model(store: Store) -> None:
                     todo.extend(dst for src, dst in edges if src == node)
             return session in seen
 
-        def attempt(self, request: Request, enqueue: bool) -> None:
-            if isinstance(backend, MySQLBackend):  # its shortcut, tried on every name
-                backend._contended.note([n for n, _ in request.items], fought=True)
+        def attempt(self, request: Request, enqueue: bool, fought: bool) -> None:
+            # SQLite and MySQL choose their statements by whether the store saw the names
+            # fought over lately (`FoughtOver`): either way, the same decision.
+            if isinstance(backend, SQLiteBackend | MySQLBackend):
+                backend._contended.note([n for n, _ in request.items], fought=fought)
             got = backend.acquire(
                 AcquireRequest(
                     ids[request.session],
@@ -141,12 +144,15 @@ def test_grant_decisions_match_the_model(store: Store) -> None:
                     self.queued.remove(request)
                 return
             holds = any(h.session == request.session for h in self.held)
-            # PostgreSQL and MySQL queue a write request at once, without reading what is
-            # in its way, when a live session holds the name and nothing else is at stake.
+            # PostgreSQL, SQLite and MySQL queue a write request at once, without reading
+            # what is in its way, when a live session holds the name and nothing else is
+            # at stake (SQLite and MySQL on names fought over only; etcd never).
             [(name, mode)] = request.items if len(request.items) == 1 else [("", "")]
             at_once = (
-                isinstance(backend, PostgresBackend | MySQLBackend)
-                and enqueue
+                isinstance(backend, PostgresBackend)
+                or (fought and isinstance(backend, SQLiteBackend | MySQLBackend))
+            ) and (
+                enqueue
                 and not request.order
                 and not holds
                 and mode == "X"
@@ -165,14 +171,21 @@ def test_grant_decisions_match_the_model(store: Store) -> None:
 
         # -- the rules -----------------------------------------------------------------
 
-        @rule(session=st.integers(0, SESSIONS - 1), items=items_strategy, enqueue=st.booleans())
-        def request(self, session: int, items: list[tuple[str, str]], enqueue: bool) -> None:
-            self.attempt(Request(secrets.token_hex(8), session, items), enqueue)
+        @rule(
+            session=st.integers(0, SESSIONS - 1),
+            items=items_strategy,
+            enqueue=st.booleans(),
+            fought=st.booleans(),
+        )
+        def request(
+            self, session: int, items: list[tuple[str, str]], enqueue: bool, fought: bool
+        ) -> None:
+            self.attempt(Request(secrets.token_hex(8), session, items), enqueue, fought)
 
         @precondition(lambda self: self.queued)
         @rule(data=st.data())
         def retry(self, data: st.DataObject) -> None:
-            self.attempt(data.draw(st.sampled_from(self.queued)), True)
+            self.attempt(data.draw(st.sampled_from(self.queued)), True, data.draw(st.booleans()))
 
         @precondition(lambda self: self.held)
         @rule(data=st.data())

@@ -94,6 +94,21 @@ _STEPS = {
 
 _TAKE_IDLE = queries.SQLITE.render(queries.TAKE_IDLE)
 
+_QUEUE_BLOCKED = f"""
+INSERT INTO lw_waiters (request_id, name, mode, session_id, seq, enqueued_at, expires_at)
+SELECT :request, :name, :mode, :session, (SELECT value + 1 FROM lw_meta WHERE key = 'seq'),
+       {{now}}, {{now}} + :wait
+WHERE {queries.BLOCKED_BY_LIVE}
+RETURNING seq
+"""
+"""The common wait on a name fought over, as PostgreSQL's `lw_lock` and MySQL's
+`mysql._taking` hold it (design note, "Acquire", the second shortcut): a write request
+certainly blocked by a live holder, with nothing else at stake, is queued with the next
+seq, and nothing else is read; no row otherwise, and the full attempt decides in the same
+transaction. `_SEQ_TAKEN` then moves the counter on."""
+
+_SEQ_TAKEN = "UPDATE lw_meta SET value = :seq WHERE key = 'seq'"
+
 _MOVE_SEQ = "UPDATE {p}lw_meta SET value = value + 1 WHERE key = 'seq'"
 """A write that is sure to change a page (`SQLiteBackend._make_durable`)."""
 
@@ -126,6 +141,18 @@ def _reserve(run: Run, counter: str, n: int) -> int:
 
 
 _ENGINE = Engine(reserve=_reserve)
+
+
+def _one(request: AcquireRequest) -> Params:
+    """The parameters of a single-name request's one-statement steps."""
+    return {
+        "session": request.session_id,
+        "request": request.request_id,
+        "name": request.names[0],
+        "mode": request.modes[0],
+        "wait": request.wait,
+    }
+
 
 _NEW_BOOT = (
     "INSERT INTO lw_meta (key, value) VALUES ('boot', :boot)"
@@ -347,7 +374,8 @@ class SQLiteBackend(SQLBackend):
         self._contended = FoughtOver()
         """Names to acquire without trying `TAKE_IDLE` first: it takes the write lock only
         to find a name fought over taken, and the full attempt then takes it again (under
-        4 processes on one lock that cost 15-30% of the acquisitions per second)."""
+        4 processes on one lock that cost 15-30% of the acquisitions per second). A request
+        for one of them that would wait tries `_QUEUE_BLOCKED` first instead."""
         self._migrate((), _STEPS, opening, _note_boot)
 
     def _connect(self, synchronous: str) -> sqlite3.Connection:
@@ -444,18 +472,11 @@ class SQLiteBackend(SQLBackend):
     def acquire(self, request: AcquireRequest) -> Attempt:
         self.stats.add("attempts")
         single = len(request.names) == 1 and not request.queued
-        if single and request.names[0] not in self._contended:
-            # A free name is granted by one statement (`queries.TAKE_IDLE`); if it
-            # inserts nothing, the full algorithm decides.
-            name = request.names[0]
-            params = {
-                "session": request.session_id,
-                "request": request.request_id,
-                "name": name,
-                "mode": request.modes[0],
-            }
-            if taken := self._write_one(_TAKE_IDLE, params):
-                return Attempt("granted", {name: taken[0]["token"]})
+        fought = single and request.names[0] in self._contended
+        # A free name is granted by one statement (`queries.TAKE_IDLE`); if it inserts
+        # nothing, the full algorithm decides.
+        if single and not fought and (taken := self._write_one(_TAKE_IDLE, _one(request))):
+            return Attempt("granted", {request.names[0]: taken[0]["token"]})
         woken: set[str] = set()
         found = None
         if request.queued:
@@ -466,19 +487,22 @@ class SQLiteBackend(SQLBackend):
             )
         told: list[Told] = []
         if found is None:
-
-            def work(run: Run) -> tuple[Attempt, list[Told]]:
-                made = attempt(run, request, woken, _ENGINE)
-                assert made is not None  # allowed to write, every path ends in an Attempt
-                return made, self._look_again(run, woken)
-
             # A name fought over is almost always found taken: the attempt only
             # queues, and a queue entry a crash forgets is harmless (design note,
             # "Durability"). A grant it makes after all is made durable before
             # anyone is told of it, unless the store is relaxed.
-            fought = single and request.enqueue and request.names[0] in self._contended
-            found, told = self._in_transaction(work, durable=not (fought or self.relaxed))
-            if fought and not self.relaxed and found.status == "granted":
+            waits = fought and request.enqueue
+
+            def work(run: Run) -> tuple[Attempt, list[Told]]:
+                if waits and (queued := run(_QUEUE_BLOCKED, _one(request))):
+                    run(_SEQ_TAKEN, queued[0])
+                    return Attempt("blocked", rows=None, seq=queued[0]["seq"]), []
+                made = attempt(run, request, woken, _ENGINE)
+                assert made is not None  # allowed to write, every path ends in an Attempt
+                return made, self._look_again(run, woken)
+
+            found, told = self._in_transaction(work, durable=not (waits or self.relaxed))
+            if waits and not self.relaxed and found.status == "granted":
                 self._make_durable()
             if single:
                 self._contended.note(request.names, found.status != "granted")
