@@ -47,7 +47,8 @@ Safety (each must be 0):
   apart, as ``false_refusals``: not unsafe, but an access it was entitled
   to was refused.
 - ``locks_after_clean``, ``waiters_after_clean`` — rows left after the run,
-  once every worker was killed, a TTL passed and ``Store.clean()`` ran.
+  once every worker was killed, a TTL passed (on etcd 2.5 s more: ``run.LEASE_LATE``)
+  and ``Store.clean()`` ran.
 
 Liveness (reported, not judged): for each write holder killed or paused,
 the time from that moment to the next grant of a name it held, to another

@@ -11,9 +11,10 @@ A run:
    is expected; any other exit is recorded as a ``crash`` and invalidates
    the run);
 3. stops the nemesis, SIGKILLs every worker — the last crash, which leaves
-   sessions and locks behind on purpose — waits one TTL and a half second,
-   runs ``Store.clean()`` and records what is left (``final``): the locks and
-   waiters (there must be none), and each register's value;
+   sessions and locks behind on purpose — waits one TTL and a half second
+   (on etcd `LEASE_LATE` more), runs ``Store.clean()`` and records what is
+   left (``final``): the locks and waiters (there must be none), and each
+   register's value;
 then ``python -m chaos`` drops the store and checks the history (`chaos.check`).
 """
 
@@ -39,6 +40,12 @@ from chaos.nemesis import Members, Nemesis
 from chaos.registers import PlainRegisters, registers_for
 from chaos.worker import Board
 from lockwarden.store.url import mysql_options, parse_url
+
+LEASE_LATE = {"etcd": 2.5}
+"""Seconds a dead session may still count as live after its TTL, by backend: etcd counts
+leases in whole seconds and its leader looks for expired ones every half second (up to
+1.5 s late, store's ETCD.md), and a new leader renews every lease by its election timeout
+(1 s). The final clean waits that much longer, or it would find live what is only late."""
 
 ROOT = Path(__file__).resolve().parent.parent
 """The directory holding the ``chaos`` package, put on the workers' import path."""
@@ -177,7 +184,8 @@ def run(config: Config, log_path: Path, members: Members | None = None) -> None:
         history.write("end")
     if nemesis.failed is not None:
         raise RuntimeError(f"the nemesis failed: {nemesis.failed!r}") from nemesis.failed
-    time.sleep(config.ttl + 0.5)  # every session left behind is now stale
+    # every session left behind is now stale
+    time.sleep(config.ttl + 0.5 + LEASE_LATE.get(config.backend, 0.0))
     _record_final(config, history)
     history.close()
 
