@@ -41,11 +41,16 @@ from chaos.registers import PlainRegisters, registers_for
 from chaos.worker import Board
 from lockwarden.store.url import mysql_options, parse_url
 
-LEASE_LATE = {"etcd": 2.5}
-"""Seconds a dead session may still count as live after its TTL, by backend: etcd counts
-leases in whole seconds and its leader looks for expired ones every half second (up to
-1.5 s late, store's ETCD.md), and a new leader renews every lease by its election timeout
-(1 s). The final clean waits that much longer, or it would find live what is only late."""
+LEASE_RENEWED = {"etcd": 1.0}
+"""Seconds a dead session's lease may outlive its TTL because a new leader renewed it: etcd
+renews every lease on a leader change, by its election timeout (1 s by default), and the
+nemesis kills the leader half the time."""
+
+LEASE_LATE = {"etcd": 1.5 + LEASE_RENEWED["etcd"]}
+"""Seconds a dead session may still count as live after its TTL, by backend: on etcd,
+leases count whole seconds and the leader looks for expired ones every half second (up to
+1.5 s late, store's ETCD.md), besides `LEASE_RENEWED`. The final clean waits that much
+longer, or it would find live what is only late."""
 
 ROOT = Path(__file__).resolve().parent.parent
 """The directory holding the ``chaos`` package, put on the workers' import path."""

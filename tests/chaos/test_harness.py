@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from chaos.check import SAFETY
-from chaos.run import ROOT
+from chaos.run import LEASE_RENEWED, ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -36,12 +36,6 @@ FAULT_EVERY = {"sqlite": 3.0, "postgres": 3.0, "etcd": 1.5}
 """Mean seconds between faults (`--fault-every`). Half of etcd's faults hit cluster members:
 at the default of 3 s, 60 s runs killed or paused workers 6 or 7 times, and a write holder
 with a waiter behind it 0 to 2 times (0 fails the run); at 1.5 s, 10 and 7 times."""
-
-
-LEASE_RENEWED = {"sqlite": 0.0, "postgres": 0.0, "etcd": 1.0}
-"""Seconds a dead holder's lease may outlive its TTL without fault of the store: a new etcd
-leader renews every lease by its election timeout (1 s by default), and the nemesis kills
-the leader half the time, so a holder paused just before may keep its lease that much longer."""
 
 
 @pytest.fixture(scope="module")
@@ -90,5 +84,6 @@ def test_a_short_run_under_faults_finds_no_violation(
     # How many deaths hit a write holder with a waiter behind it depends on timing,
     # not only on the seed (2 to 8 seen in 60 s): one measurement is all this needs.
     assert live["recoveries"] >= 1, output
-    assert live["p50"] <= 1.25 * live["ttl"] + LEASE_RENEWED[backend], output
+    # (a holder paused just before a new etcd leader may keep its lease that much longer)
+    assert live["p50"] <= 1.25 * live["ttl"] + LEASE_RENEWED.get(backend, 0.0), output
     assert live["max_in_ttls"] <= 3.0, output

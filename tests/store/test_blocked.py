@@ -53,8 +53,8 @@ def test_a_writer_behind_a_live_holder_queues_without_reading_what_is_in_its_way
         attempt = _attempt(w, "line")
         assert (attempt.status, attempt.rows) == ("blocked", None)
         # One round trip; SQLite moves its counter of queue places on in a second statement.
-        one = 2 if isinstance(store._backend, SQLiteBackend) else 1
-        assert store.stats["statements"] - before == one
+        sent = 2 if isinstance(store._backend, SQLiteBackend) else 1
+        assert store.stats["statements"] - before == sent
         assert [x.app_id for x in store.waiters("line")] == ["w"]
         [waiter] = store._backend.query("SELECT seq FROM {p}lw_waiters WHERE name = 'line'", {})
         assert attempt.seq == waiter["seq"]
