@@ -23,7 +23,7 @@ import pytest
 
 import lockwarden
 from lockwarden import LockTimeout
-from lockwarden.store import Store
+from lockwarden.store import Store, inbox
 from lockwarden.store.backend import AcquireRequest
 from lockwarden.store.mysql import DIALECT, bucket
 from lockwarden.store.queries import (
@@ -116,25 +116,98 @@ def test_only_a_name_fought_over_queues_its_wait_in_the_first_round_trip(mysql_u
         store.close()
 
 
-def test_a_waiter_in_another_store_is_woken_by_its_doorbell(mysql_url: str) -> None:
-    """Without the ring only a timeout could end this wait: the holder stays live
-    for 60 s, so the waiter's own recheck is a minute away."""
-    holder_store, waiter_store = lockwarden.connect(mysql_url), lockwarden.connect(mysql_url)
+def _granted_across_stores(mysql_url: str, releaser: Store, name: str) -> tuple[int, int]:
+    """A waiter of another store is granted by ``releaser``'s release, and wakes holding the
+    lock well before its own recheck (its holder stays live for 60 s): how often its
+    doorbell rang meanwhile, and how many attempts it made after the first."""
+    waiter_store = lockwarden.connect(mysql_url)
     try:
-        holder = holder_store.session(app_id="holder", ttl=60)
+        holder = releaser.session(app_id="holder", ttl=60)
         waiter = waiter_store.session(app_id="waiter", ttl=60)
-        lock = holder.lock("job")
-        got = Background(lambda: waiter.lock("job", timeout=20))
-        wait_for(lambda: holder_store.waiters("job"), what="the waiter to queue")
+        lock = holder.lock(name)
+        got = Background(lambda: waiter.lock(name, timeout=20))
+        wait_for(lambda: releaser.waiters(name), what="the waiter to queue")
+        wait_for(lambda: waiter_store._backend._listen_conn, what="the doorbell to hang")
+        time.sleep(0.2)  # past the look of everyone when the doorbell first hangs
+        attempts = waiter_store.stats["attempts"]
         lock.release()
-        assert got.result().token > lock.token
-        # Blocked; once more when its doorbell is first hung (a ring before that
-        # may have been missed); then granted, woken by the ring, not by time.
-        assert waiter_store.stats["attempts"] <= 3
+        granted = got.result(timeout=0.5 * inbox.LOOK_EVERY)
+        assert [(e.token, e.holder.app_id) for e in releaser.locks(name)] == [
+            (granted.token, "waiter")
+        ]
+        assert granted.token > lock.token
         assert waiter_store.stats["listener_reconnects"] == 0
+        with mysql_admin() as conn, conn.cursor() as cur:
+            cur.execute(
+                f"SELECT rings FROM {mysql_url.rsplit('/', 1)[1]}.lw_doorbells WHERE id = %s",
+                (waiter_store._backend._doorbell,),
+            )
+            (rings,) = cur.fetchone()
+        return rings, waiter_store.stats["attempts"] - attempts
     finally:
-        holder_store.close()
         waiter_store.close()
+
+
+def test_a_grant_on_this_machine_is_poked_not_rung(mysql_url: str) -> None:
+    """A release pokes the inbox of a waiter's store on the releaser's machine, with its
+    token: the waiter holds the lock when it wakes, and no doorbell rings (no ring, no
+    KILL QUERY, no second attempt)."""
+    store = lockwarden.connect(mysql_url)
+    try:
+        assert _granted_across_stores(mysql_url, store, "poked") == (0, 0)
+    finally:
+        store.close()
+
+
+def test_a_grant_to_another_machine_rings_its_doorbell(mysql_url: str) -> None:
+    """A waiter of another machine is rung, and finds its grant by attempting."""
+    store = lockwarden.connect(mysql_url)
+    store._backend._near = "another machine/"
+    try:
+        rings, attempts = _granted_across_stores(mysql_url, store, "rung")
+        assert (rings, attempts) == (1, 1)
+    finally:
+        store.close()
+
+
+def test_a_poke_that_cannot_be_sent_rings_instead(
+    mysql_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter of this machine whose store's inbox cannot be reached (gone, or full) is
+    rung after the release commits, as a waiter of another machine is."""
+    store = lockwarden.connect(mysql_url)
+    monkeypatch.setattr(store._backend._outbox, "poke", lambda session, message: False)
+    try:
+        assert _granted_across_stores(mysql_url, store, "unpoked") == (1, 1)
+    finally:
+        store.close()
+
+
+def test_a_lost_poke_is_made_up_for_by_the_waiter_looking(
+    mysql_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poke is sent after the release commits: a releaser killed in between never sends
+    it, and rings nothing. The waiter, granted without knowing, asks within
+    `inbox.LOOK_EVERY` whether it was granted, and wakes holding the lock, with no
+    attempt."""
+    store, waiter = lockwarden.connect(mysql_url), lockwarden.connect(mysql_url)
+    monkeypatch.setattr(store._backend._outbox, "poke", lambda session, message: True)
+    try:
+        with store.session(app_id="a", ttl=60) as a, waiter.session(app_id="b", ttl=60) as b:
+            held = a.lock("lost")
+            waiting = Background(lambda: b.lock("lost", timeout=30))
+            wait_for(lambda: store.waiters("lost"), what="the waiter to queue")
+            time.sleep(0.5)  # past its first look (`waiting.PID_POLL`)
+            attempts = waiter.stats["attempts"]
+            released = time.monotonic()
+            held.release()
+            lock = waiting.result(timeout=3 * inbox.LOOK_EVERY)
+            assert time.monotonic() - released > 0.1  # not poked
+            assert waiter.stats["attempts"] == attempts
+            assert [e.token for e in store.locks("lost")] == [lock.token]
+    finally:
+        store.close()
+        waiter.close()
 
 
 def test_a_release_grants_the_head_of_the_queue_itself(mysql_url: str) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 import lockwarden
 from lockwarden import LockTimeout, StoreError
-from lockwarden.store import Store, plpgsql, postgres, queries
+from lockwarden.store import Store, inbox, plpgsql, postgres, queries
 from lockwarden.store.backend import AcquireRequest
 from lockwarden.store.pgconn import Connections, Prepared
 from lockwarden.store.url import parse_url
@@ -112,7 +112,7 @@ def _granted_across_stores(
             waiting = Background(lambda: b.lock(name, timeout=10))
             wait_for(lambda: releaser.waiters(name), what="the waiter to queue")
             held.release()
-            lock = waiting.result(timeout=0.5 * postgres._POKE_NET)  # woken, not looking
+            lock = waiting.result(timeout=0.5 * inbox.LOOK_EVERY)  # woken, not looking
             assert [(e.token, e.holder.app_id) for e in releaser.locks(name)] == [(lock.token, "b")]
             notes = [(n.channel, n.payload) for n in listener.notifies(timeout=0.5)]
             return [(c, p.replace(f"{lock.id} {lock.token}", "<grant>")) for c, p in notes]
@@ -159,7 +159,7 @@ def test_a_lost_poke_is_made_up_for_by_the_waiter_looking(
     store: Store, pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A poke is sent after the release commits: a releaser killed in between never sends
-    it. The waiter, granted without knowing, asks within `_POKE_NET` whether it was
+    it. The waiter, granted without knowing, asks within `inbox.LOOK_EVERY` whether it was
     granted, and wakes holding the lock, with no attempt."""
     monkeypatch.setattr(store._backend._outbox, "poke", lambda session, message: True)
     waiter = lockwarden.connect(pg_url)
@@ -172,7 +172,7 @@ def test_a_lost_poke_is_made_up_for_by_the_waiter_looking(
             attempts = waiter.stats["attempts"]
             released = time.monotonic()
             held.release()
-            lock = waiting.result(timeout=3 * postgres._POKE_NET)
+            lock = waiting.result(timeout=3 * inbox.LOOK_EVERY)
             assert time.monotonic() - released > 0.1  # not poked
             assert waiter.stats["attempts"] == attempts
             assert [e.token for e in store.locks("lost")] == [lock.token]

@@ -41,7 +41,7 @@ a close that failed, a notification listener reconnecting."""
 
 TAG_LENGTH = 16
 """Hex digits at the end of a session id that name its store's wake-up route
-(PostgreSQL's grant channel, SQLite's inbox): `Backend.new_session_id`."""
+(its inbox; on PostgreSQL its grant channel too): `SQLBackend.new_session_id`."""
 
 
 def random_hex(nbytes: int) -> str:
@@ -278,11 +278,21 @@ class Backend(ABC):
 
 
 class SQLBackend(Backend):
-    """A backend that runs the shared SQL of `queries` (SQLite, PostgreSQL)."""
+    """A backend that runs the shared SQL of `queries` (SQLite, PostgreSQL, MySQL)."""
 
     dialect: Dialect
     plan: schema.Plan
     """What opening did to the store's tables (or would do, when only inspecting)."""
+
+    def __init__(self, url: StoreURL) -> None:
+        super().__init__(url)
+        self._tag = random_hex(TAG_LENGTH // 2)
+        """Ends every session id this store makes: a release routes the wake-up of a
+        waiter of this store by it (`inbox`; PostgreSQL's grant channel)."""
+
+    def new_session_id(self) -> str:
+        """Random, and ending with this store's tag (`_tag`)."""
+        return random_hex(16) + self._tag
 
     @abstractmethod
     def _in_transaction(self, work: Callable[[Run], T]) -> T:

@@ -5,24 +5,40 @@ file to create or clean up; it vanishes with its process), named by the random
 tag that ends every session id the store makes. A release that lets a waiter of
 this machine in sends the waiter's store ``"<request id> <token>"`` (granted
 that token) or the request id alone (attempt again): `Wakeups.deliver` reads
-either. SQLite pokes every waiter this way; PostgreSQL pokes the waiters of the
-releaser's machine and notifies the others (store design note, "Waiting and
-wake-ups"). A poke is best effort: each backend says what covers one that is
-never sent.
+either. SQLite pokes every waiter this way; PostgreSQL and MySQL poke the
+waiters of the releaser's machine and reach the others by NOTIFY, resp. a
+doorbell (store design note, "Waiting and wake-ups"). A poke is best effort:
+each backend says what covers one that is never sent.
 """
 
 from __future__ import annotations
 
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
+from lockwarden.store import process
+from lockwarden.store.attempt import Told
 from lockwarden.store.backend import TAG_LENGTH
+from lockwarden.store.wakeups import Wakeups
+
+LOOK_EVERY = 1.0
+"""How often (seconds) a waiter that releases of this machine may poke asks whether it was
+granted (`Backend.look_every`): a poke is sent after the release commits, so a releaser
+that dies or is cut off in between never sends it (design note, "Release")."""
 
 
 def reachable() -> bool:
     """Whether stores here have inboxes (Linux's abstract namespace)."""
     return sys.platform == "linux"
+
+
+def near() -> str | None:
+    """What begins the identity (`process.identity`) of every process whose stores a poke
+    from here can reach: this machine, boot and pid namespace; None where stores have no
+    inbox. A release pokes the waiters whose sessions' identities begin so."""
+    here = process.machine() if reachable() else None
+    return None if here is None else f"{here}/"
 
 
 def _address(tag: str) -> bytes | None:
@@ -78,3 +94,18 @@ class Outbox:
 
     def close(self) -> None:
         self._socket.close()
+
+
+def tell(told: Iterable[Told], tag: str, wakeups: Wakeups, outbox: Outbox) -> list[str]:
+    """Tell each request ``(request id, session id, tokens)`` what a release did (the
+    tokens it was granted; None: attempt again): a request of this store, whose session
+    id ends with ``tag``, directly; one of another process by a poke to its store's
+    inbox. Returns the sessions whose poke could not be sent (the process is gone, or
+    its inbox closed or full): the caller reaches them its other way, if it has one."""
+    unreached: list[str] = []
+    for request, session, tokens in told:
+        if session.endswith(tag):
+            wakeups.address(request, tokens)
+        elif not outbox.poke(session, f"{request} {tokens[0]}" if tokens else request):
+            unreached.append(session)
+    return unreached

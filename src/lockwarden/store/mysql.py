@@ -11,10 +11,12 @@ MariaDB"):
   end with the transaction, also when the client is killed, and InnoDB's
   deadlock detector never sees a cycle between acquirers;
 - counters are rows of ``lw_meta`` advanced with ``LAST_INSERT_ID(expr)``;
-- wake-ups: every process that waits keeps one connection blocked in
-  ``SLEEP`` on its doorbell row; a releaser rings the doorbells of the
-  processes with waiters on its names and interrupts their ``SLEEP`` with
-  ``KILL QUERY``. No one polls.
+- wake-ups: a release that grants to a waiter of its own machine pokes the
+  waiter's store (`inbox`), which then holds the lock; every other wake-up
+  rings a doorbell: every process that waits keeps one connection blocked in
+  ``SLEEP`` on its doorbell row, and a releaser rings the doorbells of the
+  processes concerned and interrupts their ``SLEEP`` with ``KILL QUERY``.
+  No one polls.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import importlib
 import json
 import os
 import re
+import select
 import socket
 import threading
 import time
@@ -35,7 +38,7 @@ from typing import Any, Final, TypeVar
 
 from lockwarden import hooks
 from lockwarden.errors import StoreError
-from lockwarden.store import queries
+from lockwarden.store import inbox, queries
 from lockwarden.store.attempt import Engine, Told, attempt, grant
 from lockwarden.store.backend import (
     STORE_LOG,
@@ -244,12 +247,22 @@ _WAITING_PROCESS: Final = (
     "EXISTS (SELECT 1 FROM lw_waiters AS w JOIN lw_sessions AS s ON s.id = w.session_id"
     " WHERE w.name {in_names} AND s.host = d.host AND s.pid = d.pid)"
 )
-# Whose doorbells a grant rings: the processes of the sessions it tells.
-_SESSION_PROCESS: Final = (
-    "EXISTS (SELECT 1 FROM lw_sessions AS s WHERE s.id IN (SELECT j.id FROM"
-    " JSON_TABLE(:sessions, '$[*]' COLUMNS (id VARCHAR(64) PATH '$')) AS j)"
-    " AND s.host = d.host AND s.pid = d.pid)"
+_TOLD: Final = (
+    "s.id IN (SELECT j.id FROM JSON_TABLE(:sessions, '$[*]' COLUMNS (id VARCHAR(64) PATH '$'))"
+    " AS j)"
 )
+_NEAR: Final = "LEFT(s.pid_start, CHAR_LENGTH(:near)) = :near"
+"""The session was opened on the machine (boot, pid namespace) that ``:near`` begins
+the identities of (`process.identity`)."""
+# Whose doorbells a grant rings: the processes of the sessions it tells, but not
+# those of this machine (``:near``; NULL: all), which a poke reaches.
+_SESSION_PROCESS: Final = (
+    f"EXISTS (SELECT 1 FROM lw_sessions AS s WHERE {_TOLD}"
+    " AND s.host = d.host AND s.pid = d.pid"
+    f" AND (:near IS NULL OR s.pid_start IS NULL OR NOT {_NEAR}))"
+)
+_NEAR_SESSIONS: Final = f"SELECT s.id FROM lw_sessions AS s WHERE {_TOLD} AND {_NEAR}"
+"""Which sessions a grant tells were opened on this machine: they are poked."""
 _QUEUED: Final = "SELECT 1 AS queued FROM lw_waiters WHERE name {in_names} LIMIT 1"
 """A row if anyone waits for one of the names."""
 _RELEASE: Final = "; ".join(map(DIALECT.render, (queries.RELEASE, queries.DEQUEUE, _QUEUED)))
@@ -330,6 +343,13 @@ class MySQLBackend(SQLBackend):
         self._options = mysql_options(url.target)
         self._pool: Pool[Connection] = Pool(self._connect, _close)
         self._doorbell = random_hex(16)
+        self._near = inbox.near()
+        """The releases of this store poke the waiters whose sessions' identities begin so,
+        and ring the others."""
+        if self._near is not None:
+            self.look_every = inbox.LOOK_EVERY
+        self._outbox = inbox.Outbox()
+        self._inbox: socket.socket | None = None
         self._closed = threading.Event()
         self._listen_tried = threading.Event()
         self._contended = FoughtOver()
@@ -571,31 +591,34 @@ class MySQLBackend(SQLBackend):
         bound = _bound(params)
         sent = 0
 
-        def work(conn: Connection) -> tuple[int, list[Told], int]:
+        def work(conn: Connection) -> tuple[int, list[Told], int, set[str]]:
             nonlocal sent
             sent += 1
             found = self._each_result(conn, text, bound)
             released, queued = len(found[-3]), len(found[-1])
             told: list[Told] = []
-            rung = 0
+            rung, near = 0, set[str]()
             if queued:
                 # The waiters the release lets in are granted here, in queue order, and
-                # only their processes are rung (design note, "Release").
+                # only they are told (design note, "Release").
                 def run(sql: str, values: Params | None = None) -> list[Row]:
                     return self._execute(conn, self.dialect.render(sql), values)
 
                 told = grant(run, names, self._engine(conn))
-                if told:
-                    rung = self._ring(conn, _SESSION_PROCESS, {"sessions": _sessions(told)})
-            self._execute(conn, "COMMIT")
-            return released, told, rung
+            if told:
+                rung, near = self._ring_far_and_commit(conn, _sessions(told))
+            else:
+                self._execute(conn, "COMMIT")
+            return released, told, rung, near
 
-        deleted, told, rung = self._run(work)
+        deleted, told, rung, near = self._run(work)
         self._contended.note(names, bool(told))
-        for request, _, tokens in told:  # after the commit: a woken waiter holds its grant
-            self.wakeups.address(request, tokens)
+        # After the commit: a woken waiter holds its grant.
+        here = [t for t in told if t[1] in near or t[1].endswith(self._tag)]
+        if unreached := inbox.tell(here, self._tag, self.wakeups, self._outbox):
+            self._ring_now(unreached)
         if rung:
-            self._knock(_SESSION_PROCESS, {"sessions": _sessions(told)})
+            self._knock(_SESSION_PROCESS, {"sessions": _sessions(told), "near": self._near})
         # As on PostgreSQL: a release resent after its connection dropped finds
         # nothing when the first one committed, and counts as released.
         return len(names) if sent > 1 and deleted == 0 else deleted
@@ -610,6 +633,30 @@ class MySQLBackend(SQLBackend):
         with conn.cursor() as cur:
             rung: int = cur.execute(text, _bound({**params, "me": self._doorbell}))
         return rung
+
+    def _ring_far_and_commit(self, conn: Connection, sessions: list[str]) -> tuple[int, set[str]]:
+        """Ring the doorbells of the processes of ``sessions`` on other machines, say which
+        of ``sessions`` are of this machine (to be poked once committed), and commit the
+        transaction on ``conn``, in one round trip: how many rang, and those sessions."""
+        self.stats.add("statements")
+        params = {"sessions": sessions, "near": self._near, "me": self._doorbell}
+        ring = self.dialect.render(_RING.format(who=_SESSION_PROCESS))
+        near = () if self._near is None else (self.dialect.render(_NEAR_SESSIONS),)
+        with conn.cursor() as cur:
+            rung: int = cur.execute("; ".join((ring, *near, "COMMIT")), _bound(params))
+            cur.nextset()
+            return rung, {row["id"] for row in cur.fetchall()} if near else set()
+
+    def _ring_now(self, sessions: list[str]) -> None:
+        """Ring the doorbells of the processes of ``sessions`` that a poke did not reach
+        (the release has committed), and interrupt their sleep. The ring is a transaction
+        of its own (autocommit: one statement, so a pause of this process between two
+        statements can hold no doorbell row). The release stands whatever happens here:
+        at worst those waiters ask within `inbox.LOOK_EVERY`."""
+        params = {"sessions": sessions, "near": None}
+        with suppress(StoreError):
+            if self._run(lambda conn: self._ring(conn, _SESSION_PROCESS, params)):
+                self._knock(_SESSION_PROCESS, params)
 
     def _knock(self, who: str, params: Params) -> None:
         """After the ring committed: interrupt the sleep of the doorbells' listeners."""
@@ -627,6 +674,8 @@ class MySQLBackend(SQLBackend):
             return
         with self._listener_lock:
             if self._listener is None:
+                # Bound before the first attempt, so that a poke sent after it waits to be read.
+                self._inbox = inbox.open_inbox(self._tag) if self._near is not None else None
                 self._listener = threading.Thread(
                     target=self._listen, name="lockwarden-doorbell", daemon=True
                 )
@@ -676,13 +725,25 @@ class MySQLBackend(SQLBackend):
 
     def _listen_once(self, conn: Connection, seen: int | None) -> int | None:
         """Sleep on the doorbell until it rings (``seen``: the count last seen; None: just
-        read it). Returns the ring count, or None if the sleep was cut short unread."""
+        read it), handing on meanwhile each poke that reaches the inbox. Returns the ring
+        count, or None if the sleep was cut short unread."""
+        self.stats.add("statements")
+        params = {"me": self._doorbell, "seen": -1 if seen is None else seen, "nap": _NAP}
+        with conn.cursor() as cur:
+            text: str = cur.mogrify(DIALECT.render(_DOORBELL_LISTEN), params)
+        conn.send_query(text.encode())
+        box = self._inbox
+        answer = conn.fileno()
+        while box is not None:  # hand on the pokes that come before the answer
+            ready = select.select([answer, box], [], [])[0]
+            if box in ready:
+                for message in inbox.drain([box]):
+                    self.wakeups.deliver(message.decode(errors="replace"))
+            if answer in ready:
+                break
         try:
-            rows = self._execute(
-                conn,
-                DIALECT.render(_DOORBELL_LISTEN),
-                {"me": self._doorbell, "seen": -1 if seen is None else seen, "nap": _NAP},
-            )
+            conn.read_query_result()
+            rows = conn.store_result().fetch_row(0, 1)  # a KILL may land in either
         except self._driver.OperationalError as exc:
             if exc.args and exc.args[0] == _KILLED:
                 return None
@@ -702,6 +763,9 @@ class MySQLBackend(SQLBackend):
             with suppress(StoreError):  # the server is gone: the row stays, never rung
                 self.query(_DOORBELL_REMOVE, {"me": self._doorbell})
         self._pool.close()
+        self._outbox.close()
+        if self._inbox is not None:
+            self._inbox.close()
 
 
 def _begin(names: Sequence[str]) -> str:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from lockwarden import hooks
 from lockwarden.errors import StoreError
-from lockwarden.store import inbox, plpgsql, process, queries
+from lockwarden.store import inbox, plpgsql, queries
 from lockwarden.store.backend import (
     STORE_LOG,
     TAG_LENGTH,
@@ -37,7 +37,6 @@ from lockwarden.store.backend import (
     Run,
     SQLBackend,
     jittered,
-    random_hex,
 )
 from lockwarden.store.pgconn import Connections, Prepared, TextArgs, TextRow, describe
 from lockwarden.store.url import StoreURL, import_psycopg
@@ -57,11 +56,6 @@ _LISTEN_POLL = 0.2
 
 This is a local wait on the socket, not a query: no statement is sent.
 """
-
-_POKE_NET = 1.0
-"""How often (seconds) a waiter that releases of this machine may poke asks whether it was
-granted: a poke is sent after the release commits, so a releaser that dies or is cut off
-in between never sends it (design note, "Release")."""
 
 _LISTEN_IDLE = 10.0
 """Seconds without a waiter after which a store closes its LISTEN connection.
@@ -98,18 +92,16 @@ class PostgresBackend(SQLBackend):
         self._connections = Connections(url)
         self.dialect = queries.postgres(url.schema)
         self.relaxed = relaxed
-        self._tag = random_hex(TAG_LENGTH // 2)
         self._lock = _prepared(_LOCK, url.schema)
         self._release_one = _prepared(_RELEASE_ONE, url.schema)
         self._release_many = self.dialect.render(_RELEASE)
         self._relaxed = _BOOL[relaxed]
-        here = process.machine() if inbox.reachable() else None
-        self._near = None if here is None else f"{here}/".encode()
-        """What begins the identity of every process of this machine (`process.identity`),
-        as a prepared call's argument: the releases of this store poke the waiters whose
-        sessions' identities begin so."""
+        near = inbox.near()
+        self._near = None if near is None else near.encode()
+        """`inbox.near`, as a prepared call's argument: the releases of this store poke the
+        waiters whose sessions' identities begin so."""
         if self._near is not None:
-            self.look_every = _POKE_NET
+            self.look_every = inbox.LOOK_EVERY
         self._outbox = inbox.Outbox()
         self._inbox: socket.socket | None = None
         self._closed = threading.Event()
@@ -268,7 +260,7 @@ class PostgresBackend(SQLBackend):
             messages.append(name)
         if channels:
             # The release stands whatever happens here: at worst the waiters look again
-            # within `_POKE_NET`.
+            # within `inbox.LOOK_EVERY`.
             with suppress(StoreError):
                 self.query(_NOTIFY, {"channels": channels, "messages": messages})
 
@@ -366,11 +358,6 @@ class PostgresBackend(SQLBackend):
     def listening(self) -> bool:
         """Whether wake-ups come by NOTIFY now (else waiters poll)."""
         return self._listening.is_set()
-
-    def new_session_id(self) -> str:
-        """Random, and ending with this store's tag: grants to its waiters notify its
-        own channel (`plpgsql.grant_channel`)."""
-        return random_hex(16) + self._tag
 
     def close(self) -> None:
         self._closed.set()

@@ -36,7 +36,6 @@ from lockwarden.errors import LockUsageError, StoreError
 from lockwarden.store import inbox, process, queries, schema
 from lockwarden.store.attempt import Engine, Told, attempt, grant
 from lockwarden.store.backend import (
-    TAG_LENGTH,
     AcquireRequest,
     Attempt,
     FoughtOver,
@@ -46,7 +45,6 @@ from lockwarden.store.backend import (
     Row,
     Run,
     SQLBackend,
-    random_hex,
 )
 from lockwarden.store.url import StoreURL
 
@@ -363,7 +361,6 @@ class SQLiteBackend(SQLBackend):
         except OSError as exc:
             raise StoreError(f"lock store {url.display}: {exc}") from exc
         self._closed = threading.Event()
-        self._tag = random_hex(TAG_LENGTH // 2)
         self._kicks = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         for end in self._kicks:
             end.setblocking(False)
@@ -556,20 +553,10 @@ class SQLiteBackend(SQLBackend):
 
     # -- wake-ups from other processes -----------------------------------------------
 
-    def new_session_id(self) -> str:
-        """Random, and ending with this store's tag: a release pokes the inbox of the
-        waiter's own store (`inbox`)."""
-        return random_hex(16) + self._tag
-
     def _poke(self, told: list[Told]) -> None:
-        """Tell each request what a release did: here directly, in another process
-        through its store's inbox. A poke that cannot be sent (the process is gone,
-        or its inbox full) is left to that process's poller."""
-        for request, session, tokens in told:
-            if session.endswith(self._tag):
-                self.wakeups.address(request, tokens)
-                continue
-            self._outbox.poke(session, f"{request} {tokens[0]}" if tokens else request)
+        """Tell each request what a release did (`inbox.tell`). A poke that cannot be
+        sent (the process is gone, or its inbox full) is left to that process's poller."""
+        inbox.tell(told, self._tag, self.wakeups, self._outbox)
 
     def _watch(self) -> None:
         with self._poller_lock:
