@@ -183,33 +183,6 @@ def test_a_poke_that_cannot_be_sent_rings_instead(
         store.close()
 
 
-def test_a_lost_poke_is_made_up_for_by_the_waiter_looking(
-    mysql_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A poke is sent after the release commits: a releaser killed in between never sends
-    it, and rings nothing. The waiter, granted without knowing, asks within
-    `inbox.LOOK_EVERY` whether it was granted, and wakes holding the lock, with no
-    attempt."""
-    store, waiter = lockwarden.connect(mysql_url), lockwarden.connect(mysql_url)
-    monkeypatch.setattr(store._backend._outbox, "poke", lambda session, message: True)
-    try:
-        with store.session(app_id="a", ttl=60) as a, waiter.session(app_id="b", ttl=60) as b:
-            held = a.lock("lost")
-            waiting = Background(lambda: b.lock("lost", timeout=30))
-            wait_for(lambda: store.waiters("lost"), what="the waiter to queue")
-            time.sleep(0.5)  # past its first look (`waiting.PID_POLL`)
-            attempts = waiter.stats["attempts"]
-            released = time.monotonic()
-            held.release()
-            lock = waiting.result(timeout=3 * inbox.LOOK_EVERY)
-            assert time.monotonic() - released > 0.1  # not poked
-            assert waiter.stats["attempts"] == attempts
-            assert [e.token for e in store.locks("lost")] == [lock.token]
-    finally:
-        store.close()
-        waiter.close()
-
-
 def test_a_release_grants_the_head_of_the_queue_itself(mysql_url: str) -> None:
     """The release lets the waiter in within its own transaction: nobody attempts for the
     queued request after it queued, yet it holds the lock once the release returns."""

@@ -155,31 +155,6 @@ def test_a_poke_that_cannot_be_sent_is_notified_instead(
     assert len(notes) == 1 and notes[0][0].startswith("lw_") and notes[0][1] == "<grant>"
 
 
-def test_a_lost_poke_is_made_up_for_by_the_waiter_looking(
-    store: Store, pg_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A poke is sent after the release commits: a releaser killed in between never sends
-    it. The waiter, granted without knowing, asks within `inbox.LOOK_EVERY` whether it was
-    granted, and wakes holding the lock, with no attempt."""
-    monkeypatch.setattr(store._backend._outbox, "poke", lambda session, message: True)
-    waiter = lockwarden.connect(pg_url)
-    try:
-        with store.session(app_id="a") as a, waiter.session(app_id="b") as b:
-            held = a.lock("lost")
-            waiting = Background(lambda: b.lock("lost", timeout=30))
-            wait_for(lambda: store.waiters("lost"), what="the waiter to queue")
-            time.sleep(0.5)  # past its first look (`waiting.PID_POLL`)
-            attempts = waiter.stats["attempts"]
-            released = time.monotonic()
-            held.release()
-            lock = waiting.result(timeout=3 * inbox.LOOK_EVERY)
-            assert time.monotonic() - released > 0.1  # not poked
-            assert waiter.stats["attempts"] == attempts
-            assert [e.token for e in store.locks("lost")] == [lock.token]
-    finally:
-        waiter.close()
-
-
 def test_waiters_recover_when_the_listener_connection_dies(store: Store, pg_schema: str) -> None:
     with store.session(app_id="h") as h, store.session(app_id="w") as w:
         held = h.lock("relisten")
