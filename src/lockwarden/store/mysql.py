@@ -266,6 +266,7 @@ _NEAR_SESSIONS: Final = f"SELECT s.id FROM lw_sessions AS s WHERE {_TOLD} AND {_
 _QUEUED: Final = "SELECT 1 AS queued FROM lw_waiters WHERE name {in_names} LIMIT 1"
 """A row if anyone waits for one of the names."""
 _RELEASE: Final = "; ".join(map(DIALECT.render, (queries.RELEASE, queries.DEQUEUE, _QUEUED)))
+_RELEASE_IDLE: Final = DIALECT._replace(in_names="= :name").render(queries.RELEASE_IDLE)
 """After the bucket locks, a release's first request: the delete, the dequeue, and whether
 anyone waits (`MySQLBackend.release`)."""
 _RING: Final = "UPDATE lw_doorbells AS d SET rings = rings + 1 WHERE d.id <> :me AND ({who})"
@@ -582,6 +583,12 @@ class MySQLBackend(SQLBackend):
                     return found
 
     def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
+        # As `_TAKE_IDLE` for an acquire: one round trip where nobody waits.
+        resent = False
+        if len(names) == 1 and names[0] not in self._contended:
+            released, resent = self._release_idle(session_id, request_id, names[0])
+            if released:
+                return 1
         params = {"session": session_id, "request": request_id, "names": names}
         # The first round trip opens the transaction, locks the buckets, deletes the
         # grant and any queue entries, and asks whether anyone waits for the names.
@@ -621,7 +628,24 @@ class MySQLBackend(SQLBackend):
             self._knock(_SESSION_PROCESS, {"sessions": _sessions(told), "near": self._near})
         # As on PostgreSQL: a release resent after its connection dropped finds
         # nothing when the first one committed, and counts as released.
-        return len(names) if sent > 1 and deleted == 0 else deleted
+        return len(names) if (sent > 1 or resent) and deleted == 0 else deleted
+
+    def _release_idle(self, session_id: str, request_id: str, name: str) -> tuple[bool, bool]:
+        """`queries.RELEASE_IDLE` in the round trip that opens its transaction, locks the
+        name's bucket (a waiter queueing meanwhile is seen) and commits: whether it
+        released the name, and whether it was resent after its connection dropped. If it
+        did not (someone waits, nothing was held, or a first sending committed), nothing
+        changed and the full release decides."""
+        text = f"{_begin([name])}; {_RELEASE_IDLE}; COMMIT"
+        bound = {"session": session_id, "request": request_id, "name": name}
+        sent = 0
+
+        def work(conn: Connection) -> bool:
+            nonlocal sent
+            sent += 1
+            return bool(self._each_result(conn, text, bound)[-2])  # the delete's row
+
+        return self._run(work), sent > 1
 
     # -- wake-ups --------------------------------------------------------------------
 

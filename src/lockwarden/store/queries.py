@@ -338,6 +338,16 @@ RETURNING name
 deletes them and a new grant inserts a new row under a new request id), so
 deleting by our request id deletes only rows still carrying our tokens."""
 
+QUEUED_FOR_HOLDER: Final = (
+    "EXISTS (SELECT 1 FROM {p}lw_waiters AS w WHERE w.name = {p}lw_holders.name)"
+)
+"""Whether anyone waits for the name of a holder row being released."""
+
+RELEASE_IDLE: Final = RELEASE.replace("RETURNING", f"AND NOT {QUEUED_FOR_HOLDER}\nRETURNING")
+"""The release of one name nobody waits for (``in_names`` rendered as ``= :name``), as one
+statement: no row if anyone waits (or the lock was lost), and the full release decides.
+SQLite and MySQL try it first for a name they have not seen fought over (`FoughtOver`)."""
+
 # -- grant on release (design note, "Release") --------------------------------
 
 GRANT_CANDIDATES: Final = f"""

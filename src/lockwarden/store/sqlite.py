@@ -110,20 +110,14 @@ _SEQ_TAKEN = "UPDATE lw_meta SET value = :seq WHERE key = 'seq'"
 _MOVE_SEQ = "UPDATE {p}lw_meta SET value = value + 1 WHERE key = 'seq'"
 """A write that is sure to change a page (`SQLiteBackend._make_durable`)."""
 
-_QUEUED = "EXISTS (SELECT 1 FROM lw_waiters AS w WHERE w.name = lw_holders.name)"
-"""Whether anyone waits for the name of a holder row being released."""
-
-_RELEASE = queries.RELEASE.rstrip() + f", {_QUEUED} AS queued"
+_RELEASE = queries.RELEASE.rstrip() + f", {queries.QUEUED_FOR_HOLDER} AS queued"
 """`queries.RELEASE`, saying also whether anyone waits for each name: a release nobody
 waits for is one statement."""
 
-_RELEASE_IDLE = queries.SQLITE._replace(in_names="= :name").render(
-    queries.RELEASE.replace("RETURNING", f"AND NOT {_QUEUED}\nRETURNING")
-)
-"""The release of one name nobody waits for, as one statement in its own transaction: no
-row if anyone waits (or the lock was lost), and `_RELEASE`'s transaction decides. The name
-is compared, not looked up in a JSON list: ``json_each`` cost about 8 µs of a relaxed
-pair's 100."""
+_RELEASE_IDLE = queries.SQLITE._replace(in_names="= :name").render(queries.RELEASE_IDLE)
+"""`queries.RELEASE_IDLE` in a transaction of its own, else `_RELEASE`'s transaction
+decides. The name is compared, not looked up in a JSON list: ``json_each`` cost about 8 µs
+of a relaxed pair's 100."""
 
 _RESERVE = (
     "UPDATE lw_meta SET value = value + :n WHERE key = :key RETURNING value - :n + 1 AS first"
