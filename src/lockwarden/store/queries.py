@@ -9,6 +9,10 @@ is written once, with holes that `Dialect.render` fills:
   no client clock value is ever written or compared);
 - ``{started}``: when the database server started (microseconds), so that a
   restart can be noticed; a constant on SQLite, which has no server;
+- ``{not_restarted}``: the condition that the server did not restart since the
+  last grant (its start recorded in ``lw_meta`` is ``{started}``); TRUE where
+  every lock transaction commits durably (SQLite, MySQL), as nothing is
+  recorded there to compare;
 - ``{in_names}``, ``{items}``: membership in the request's names, and its
   (name, mode) pairs as a subquery, over the bound lists ``:names`` and
   ``:modes`` (arrays on PostgreSQL; on SQLite the names as JSON text and the
@@ -49,6 +53,9 @@ class Dialect(NamedTuple):
     """A format string for a bound parameter, given its name."""
     rewrite: Callable[[str], str] | None = None
     """Applied last, where a database spells the shared text differently (MySQL)."""
+    restarts: bool = False
+    """A restart of the server may lose commits that did not wait for the disk, so a grant
+    checks for one (PostgreSQL's relaxed durability; design note, "Durability")."""
 
     @cache  # noqa: B019  (a handful of dialects live for the whole process)
     def render(self, sql: str) -> str:
@@ -56,6 +63,11 @@ class Dialect(NamedTuple):
             p=self.prefix,
             now=self.now,
             started=self.started,
+            not_restarted=(
+                f"(SELECT value FROM {self.prefix}lw_meta WHERE key = 'started') = {self.started}"
+                if self.restarts
+                else "TRUE"
+            ),
             in_names=self.in_names,
             items=self.items,
             token=self.token.format(p=self.prefix),
@@ -94,6 +106,7 @@ def postgres(schema: str) -> Dialect:
         ),
         token="nextval('{p}lw_token_seq')",
         param="%({})s",
+        restarts=True,
     )
 
 
@@ -148,7 +161,7 @@ server restarted since the last grant (design note, "Durability")."""
 IDLE: Final = f"""EXISTS (SELECT 1 FROM {{p}}lw_sessions AS s WHERE s.id = :session AND {LIVE})
   AND NOT EXISTS (SELECT 1 FROM {{p}}lw_holders WHERE name = :name)
   AND NOT EXISTS (SELECT 1 FROM {{p}}lw_waiters WHERE name = :name)
-  AND (SELECT value FROM {{p}}lw_meta WHERE key = 'started') = {{started}}"""
+  AND {{not_restarted}}"""
 """Whether a single-name request may be granted at once, without the full algorithm: our
 session is live, nobody holds or waits for :name and the server did not restart since
 the last grant."""
@@ -376,7 +389,7 @@ alone AS (
                       WHERE o.request_id = h.request_id AND o.session_id = h.session_id
                         AND o.name <> :name)
       AND coalesce((SELECT write_permits FROM {{p}}lw_permits WHERE name = :name), 1) = 1
-      AND (SELECT value FROM {{p}}lw_meta WHERE key = 'started') = {{started}}
+      AND {{not_restarted}}
 )"""
 """The common hand-off (design note, "Release"): after a release of one name, ``alone``
 is its first live waiter if that is a single-name exclusive request, with nobody left
