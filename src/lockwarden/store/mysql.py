@@ -164,6 +164,15 @@ DIALECT: Final = queries.Dialect(
 _RESERVE: Final = "UPDATE lw_meta SET value = LAST_INSERT_ID(value + :n) WHERE key = :key"
 """The new value comes back with the reply (as an insert id): one round trip."""
 
+_GRANT_HEAD: Final = "; ".join(
+    (
+        DIALECT.render(_RESERVE.replace(":n", "1").replace(":key", "'token'")),
+        DIALECT._replace(token="LAST_INSERT_ID()").render(queries.GRANT_HEAD),
+    )
+)
+"""`queries.GRANT_HEAD` with the token reserved just before it, in one round trip
+(`Engine.grant_head`)."""
+
 
 def _taking(queue: bool) -> str:
     """`queries.TAKE_IDLE` as MySQL can send it in the round trip that opens the transaction
@@ -475,7 +484,16 @@ class MySQLBackend(SQLBackend):
                 last: int = cur.lastrowid
             return last - n + 1
 
-        return Engine(reserve=reserve, lock_graph=self._lock_graph, try_lock=_try_lock)
+        def grant_head(run: Run, name: str) -> list[Row]:
+            self.stats.add("statements")
+            with conn.cursor() as cur:
+                cur.execute(_GRANT_HEAD, _bound({"name": name}))
+                cur.nextset()
+                return list(cur.fetchall())
+
+        return Engine(
+            reserve=reserve, lock_graph=self._lock_graph, try_lock=_try_lock, grant_head=grant_head
+        )
 
     def _lock_graph(self, run: Run) -> None:
         run("SELECT id FROM lw_buckets WHERE id = :graph FOR UPDATE", {"graph": GRAPH_KEY})
