@@ -99,10 +99,7 @@ def test_a_release_nobody_waits_for_is_one_round_trip_and_one_with_a_waiter_gran
         assert store.stats["statements"] - before == 1
         assert store.locks("calm") == []
         lock = holder.lock("calm")
-        queued = AcquireRequest(
-            waiter.id, secrets.token_hex(16), ("calm",), ("X",), True, False, None
-        )
-        assert other._backend.acquire(queued).status == "blocked"
+        enqueue(waiter, {"calm": "X"})
         before = store.stats["statements"]
         lock.release()
         assert store.stats["statements"] - before > 2  # the try, then the full release
@@ -221,10 +218,7 @@ def test_a_release_grants_the_head_of_the_queue_itself(mysql_url: str) -> None:
     try:
         with store.session(app_id="first") as s, store.session(app_id="next") as w:
             held = s.lock("handed")
-            queued = AcquireRequest(
-                w.id, secrets.token_hex(16), ("handed",), ("X",), True, False, None
-            )
-            assert store._backend.acquire(queued).status == "blocked"
+            enqueue(w, {"handed": "X"})
             attempts = store.stats["attempts"]
             held.release()
             granted = [(e.holder.app_id, e.token > held.token) for e in store.locks("handed")]
