@@ -275,9 +275,11 @@ _NEAR_SESSIONS: Final = f"SELECT s.id FROM lw_sessions AS s WHERE {_TOLD} AND {_
 _QUEUED: Final = "SELECT 1 AS queued FROM lw_waiters WHERE name {in_names} LIMIT 1"
 """A row if anyone waits for one of the names."""
 _RELEASE: Final = "; ".join(map(DIALECT.render, (queries.RELEASE, queries.DEQUEUE, _QUEUED)))
-_RELEASE_IDLE: Final = DIALECT._replace(in_names="= :name").render(queries.RELEASE_IDLE)
 """After the bucket locks, a release's first request: the delete, the dequeue, and whether
 anyone waits (`MySQLBackend.release`)."""
+_RELEASE_IDLE: Final = DIALECT._replace(in_names="= :name").render(queries.RELEASE_IDLE)
+"""`queries.RELEASE_IDLE` for one name, compared, not looked up in a JSON list
+(`MySQLBackend._release_idle`)."""
 _RING: Final = "UPDATE lw_doorbells AS d SET rings = rings + 1 WHERE d.id <> :me AND ({who})"
 _LISTENING: Final = (
     "SELECT d.conn_id FROM lw_doorbells AS d"
