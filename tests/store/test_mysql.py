@@ -218,9 +218,12 @@ def test_a_release_grants_the_head_of_the_queue_itself(mysql_url: str) -> None:
     try:
         with store.session(app_id="first") as s, store.session(app_id="next") as w:
             held = s.lock("handed")
-            enqueue(w, {"handed": "X"})
-            attempts = store.stats["attempts"]
+            enqueue(w, {"handed": "X"})  # which marks the name fought over here
+            attempts, before = store.stats["attempts"], store.stats["statements"]
             held.release()
+            # The first request; the token and the grant; the dequeue; whether the grantee
+            # waits for anything else; the ring with the commit.
+            assert store.stats["statements"] - before == 5
             granted = [(e.holder.app_id, e.token > held.token) for e in store.locks("handed")]
             assert granted == [("next", True)]
             assert store.waiters("handed") == []

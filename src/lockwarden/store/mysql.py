@@ -277,10 +277,15 @@ _QUEUED: Final = "SELECT 1 AS queued FROM lw_waiters WHERE name {in_names} LIMIT
 _RELEASE: Final = "; ".join(map(DIALECT.render, (queries.RELEASE, queries.DEQUEUE, _QUEUED)))
 """After the bucket locks, a release's first request: the delete, the dequeue, and whether
 anyone waits (`MySQLBackend.release`)."""
-_RELEASE_IDLE: Final = DIALECT._replace(in_names="= :name").render(queries.RELEASE_IDLE)
-"""`queries.RELEASE_IDLE` for one name, compared, not looked up in a JSON list
-(`MySQLBackend._release_idle`)."""
+_RELEASE_IDLE: Final = DIALECT.render(queries.RELEASE_IDLE)
+"""`MySQLBackend._release_idle`'s statement."""
 _RING: Final = "UPDATE lw_doorbells AS d SET rings = rings + 1 WHERE d.id <> :me AND ({who})"
+_RING_TOLD: Final = DIALECT.render(_RING.format(who=_SESSION_PROCESS))
+"""A grant's ring: the doorbells of the told sessions' processes on other machines."""
+_RING_TOLD_NEAR: Final = f"{_RING_TOLD}; {DIALECT.render(_NEAR_SESSIONS)}; COMMIT"
+"""`_RING_TOLD`, which told sessions are of this machine (`_NEAR_SESSIONS`), the commit."""
+_RING_TOLD_ALL: Final = f"{_RING_TOLD}; COMMIT"
+"""`_RING_TOLD` where no session is near (no pokes here), and the commit."""
 _LISTENING: Final = (
     "SELECT d.conn_id FROM lw_doorbells AS d"
     " JOIN information_schema.PROCESSLIST AS p ON p.ID = d.conn_id"
@@ -684,10 +689,9 @@ class MySQLBackend(SQLBackend):
         transaction on ``conn``, in one round trip: how many rang, and those sessions."""
         self.stats.add("statements")
         params = {"sessions": sessions, "near": self._near, "me": self._doorbell}
-        ring = self.dialect.render(_RING.format(who=_SESSION_PROCESS))
-        near = () if self._near is None else (self.dialect.render(_NEAR_SESSIONS),)
+        near = self._near is not None
         with conn.cursor() as cur:
-            rung: int = cur.execute("; ".join((ring, *near, "COMMIT")), _bound(params))
+            rung: int = cur.execute(_RING_TOLD_NEAR if near else _RING_TOLD_ALL, _bound(params))
             cur.nextset()
             return rung, {row["id"] for row in cur.fetchall()} if near else set()
 

@@ -356,8 +356,13 @@ QUEUED_FOR_HOLDER: Final = (
 )
 """Whether anyone waits for the name of a holder row being released."""
 
-RELEASE_IDLE: Final = RELEASE.replace("RETURNING", f"AND NOT {QUEUED_FOR_HOLDER}\nRETURNING")
-"""The release of one name nobody waits for (``in_names`` rendered as ``= :name``), as one
+RELEASE_IDLE: Final = f"""
+DELETE FROM {{p}}lw_holders
+WHERE name = :name AND request_id = :request AND session_id = :session
+  AND NOT {QUEUED_FOR_HOLDER}
+RETURNING name
+"""
+"""`RELEASE` of one name (compared, not looked up in a list) nobody waits for, as one
 statement: no row if anyone waits (or the lock was lost), and the full release decides.
 SQLite and MySQL try it first for a name they have not seen fought over (`FoughtOver`)."""
 

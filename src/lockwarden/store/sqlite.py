@@ -114,7 +114,7 @@ _RELEASE = queries.RELEASE.rstrip() + f", {queries.QUEUED_FOR_HOLDER} AS queued"
 """`queries.RELEASE`, saying also whether anyone waits for each name: a release nobody
 waits for is one statement."""
 
-_RELEASE_IDLE = queries.SQLITE._replace(in_names="= :name").render(queries.RELEASE_IDLE)
+_RELEASE_IDLE = queries.SQLITE.render(queries.RELEASE_IDLE)
 """`queries.RELEASE_IDLE` in a transaction of its own, else `_RELEASE`'s transaction
 decides. The name is compared, not looked up in a JSON list: ``json_each`` cost about 8 µs
 of a relaxed pair's 100."""
