@@ -6,6 +6,7 @@ directory (its own port and socket), never to the shared server.
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import signal
@@ -25,7 +26,7 @@ import lockwarden
 from lockwarden import LockTimeout
 from lockwarden.store import Store, inbox
 from lockwarden.store.backend import AcquireRequest
-from lockwarden.store.mysql import DIALECT, bucket
+from lockwarden.store.mysql import DIALECT, IDLE_IN_TRANSACTION, bucket
 from lockwarden.store.queries import (
     CLEAN,
     CLOSE_SESSION,
@@ -551,3 +552,65 @@ def test_ctrl_c_during_a_statement_is_a_keyboard_interrupt(mysql_url: str) -> No
         finally:
             child.kill()
     assert out == "interrupted 0\n"
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped by a signal."""
+    return "\nState:\tT" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_a_process_paused_inside_a_transaction_holds_up_other_grants_briefly(
+    mysql_url: str,
+) -> None:
+    """A release that grants is paused (SIGSTOP) between its grant and its commit, holding
+    the tokens' counter row, which every grant in the database needs. The server ends the
+    idle transaction after `mysql.IDLE_IN_TRANSACTION` seconds, rolling it back, so a grant
+    of another name goes through while the process is still paused; resumed, the release
+    finds its connection gone, is sent again on a fresh one and grants the waiter then."""
+    code = (
+        "import os, signal, sys, lockwarden\n"
+        "from lockwarden.store import mysql\n"
+        "store = lockwarden.connect(sys.argv[1])\n"
+        "held = store.session(app_id='paused').lock('paused')\n"
+        "commit = mysql.MySQLBackend._ring_far_and_commit\n"
+        "def pause_first(self, *args):\n"
+        "    mysql.MySQLBackend._ring_far_and_commit = commit\n"
+        "    os.kill(os.getpid(), signal.SIGSTOP)\n"
+        "    return commit(self, *args)\n"
+        "mysql.MySQLBackend._ring_far_and_commit = pause_first\n"
+        "print(held.token, flush=True)\n"
+        "sys.stdin.readline()\n"
+        "held.release()\n"
+        "print(store.stats['retries'], flush=True)\n"
+    )
+    store = lockwarden.connect(mysql_url)
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, mysql_url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdin is not None and child.stdout is not None
+        paused_token = int(child.stdout.readline())
+        with store.session(app_id="waiter") as waiter, store.session(app_id="other") as other:
+            got = Background(lambda: waiter.lock("paused", timeout=60))
+            wait_for(lambda: store.waiters("paused"), what="the waiter to queue")
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            wait_for(lambda: _stopped(child.pid), what="the release to pause")
+            try:
+                elsewhere = Background(lambda: other.lock("elsewhere", timeout=60))
+                # Within the idle timeout and a retry's pause; InnoDB alone would make
+                # it wait for the paused process for as long as it stays paused.
+                assert elsewhere.result(timeout=IDLE_IN_TRANSACTION + 5).token > paused_token
+                assert _stopped(child.pid) and got.is_alive()  # the grant was rolled back
+            finally:
+                os.kill(child.pid, signal.SIGCONT)
+            out, _ = child.communicate(timeout=30)
+            assert int(out) >= 1  # the release was sent again
+            assert got.result().token > paused_token
+            assert [e.holder.session_id for e in store.locks("paused")] == [waiter.id]
+    finally:
+        child.kill()
+        store.close()

@@ -83,6 +83,18 @@ _TRANSIENT: Final = frozenset(
 )
 """Errors after which a fresh connection may succeed (the transaction was rolled back)."""
 
+IDLE_IN_TRANSACTION: Final = 1
+"""Seconds the server lets a lock connection sit idle inside a transaction before it ends
+the connection, rolling the transaction back (MariaDB's ``idle_transaction_timeout``).
+
+The algorithm runs here statement by statement, so a process paused between two of them
+(SIGSTOP, a debugger, a frozen VM) would keep its transaction's row locks for as long as
+it stays paused: its names' buckets, and the tokens' counter row that every grant in the
+database needs. The library never waits between the statements of a transaction, so an
+idle second means the process is not running; it finds its connection gone when it runs
+again, and the call is sent again whole on a fresh one, as after any dropped connection
+(design note, "Faults")."""
+
 _COLLATION: Final = "utf8mb4_nopad_bin"
 """Names compare byte for byte: ``_bin`` so case matters, ``nopad`` so trailing spaces do."""
 
@@ -396,7 +408,10 @@ class MySQLBackend(SQLBackend):
         )
         with conn.cursor() as cur:
             # The database clock in UTC; strict: refuse rather than truncate.
-            cur.execute("SET time_zone = '+00:00', sql_mode = 'STRICT_ALL_TABLES'")
+            cur.execute(
+                "SET time_zone = '+00:00', sql_mode = 'STRICT_ALL_TABLES',"
+                f" idle_transaction_timeout = {IDLE_IN_TRANSACTION}"
+            )
         return conn
 
     def _has_store(self) -> bool:
