@@ -158,13 +158,14 @@ class Nemesis(threading.Thread):
     # -- choosing a victim ------------------------------------------------------------
 
     def _victim(self, *, aim: bool = True) -> tuple[int, int] | None:
-        """A (slot, pid): with ``aim``, mostly one holding locks (midway, if any is)."""
+        """A (slot, pid): with ``aim``, mostly one holding locks (midway or releasing, if
+        any is)."""
         running = [s for s in range(self.config.workers) if self.workers.pid(s) is not None]
         if not running:
             return None
         states = self.board.states()
-        for wanted in (Board.MIDWAY, Board.HOLDING) if aim else ():
-            aimed = [s for s in running if states[s] == wanted]
+        for wanted in ((Board.MIDWAY, Board.RELEASING), (Board.HOLDING,)) if aim else ():
+            aimed = [s for s in running if states[s] in wanted]
             if aimed and self.rng.random() < AIMED:
                 break
         else:
@@ -174,7 +175,7 @@ class Nemesis(threading.Thread):
         return None if pid is None else (slot, pid)
 
     def _state(self, slot: int) -> str:
-        return ("idle", "acquiring", "holding", "midway")[self.board.states()[slot]]
+        return ("idle", "acquiring", "holding", "midway", "releasing")[self.board.states()[slot]]
 
     # -- the faults -----------------------------------------------------------------------
 

@@ -63,8 +63,9 @@ class Board:
     workers blindly would mostly hit them while they wait.
     """
 
-    IDLE, ACQUIRING, HOLDING, MIDWAY = range(4)
-    """MIDWAY: holding, registers read, not yet written (or read again)."""
+    IDLE, ACQUIRING, HOLDING, MIDWAY, RELEASING = range(5)
+    """MIDWAY: holding, registers read, not yet written (or read again). RELEASING: from
+    the release's call until it returns (a fault then lands inside the release)."""
 
     def __init__(self, path: str, slots: int) -> None:
         with open(path, "a+b") as file:
@@ -207,6 +208,7 @@ class Worker:
             return
         self.board.set(self.slot, Board.HOLDING)
         self._critical_section(client, stamp, items)
+        self.board.set(self.slot, Board.RELEASING)
         with contextlib.suppress(LockLost):  # recorded: the lock was lost before the release
             client.perform("release", stamp.release, _nothing, names=list(stamp.tokens))
         self.board.set(self.slot, Board.IDLE)
