@@ -3,7 +3,8 @@
 An outage without touching the shared server: `cut` drops every connection
 through the proxy and turns new ones away; `refuse_new` only turns new ones
 away (the server "too busy" for one more, as with 53300), keeping the open
-ones; `restore` lets connections through again.
+ones; `stall_new` takes new ones in and never answers (a server too slow to
+reach); `restore` lets connections through again.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ class Proxy:
         self._server.settimeout(0.1)
         self.port: int = self._server.getsockname()[1]
         self._accepting = True
+        self._stalling = False
+        self._stalled: list[socket.socket] = []
         self._closed = False
         self._lock = threading.Lock()
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
@@ -41,6 +44,9 @@ class Proxy:
                 return
             if not self._accepting:
                 client.close()
+                continue
+            if self._stalling:
+                self._stalled.append(client)  # open and silent until `restore`
                 continue
             try:
                 upstream = socket.create_connection(self._target)
@@ -76,8 +82,16 @@ class Proxy:
         """Turn new connections away, keeping the open ones."""
         self._accepting = False
 
+    def stall_new(self) -> None:
+        """Take new connections in and never answer them, keeping the open ones."""
+        self._stalling = True
+
     def restore(self) -> None:
         self._accepting = True
+        self._stalling = False
+        stalled, self._stalled = self._stalled, []
+        for client in stalled:
+            client.close()
 
     def close(self) -> None:
         self.cut()

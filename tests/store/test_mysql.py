@@ -614,3 +614,31 @@ def test_a_process_paused_inside_a_transaction_holds_up_other_grants_briefly(
     finally:
         child.kill()
         store.close()
+
+
+def test_a_waiter_whose_doorbell_cannot_hang_yet_times_out_on_time(mysql_url: str) -> None:
+    """The waiter's store hangs its doorbell before the first wait, and that statement
+    waits for the doorbells' table, locked by another client: the waiter waits for it no
+    longer than its own timeout, then times out as asked (it used to wait for as long as
+    the table stayed locked)."""
+    holder_store, waiter_store = lockwarden.connect(mysql_url), lockwarden.connect(mysql_url)
+    try:
+        with (
+            holder_store.session(app_id="holder") as holder,
+            waiter_store.session(app_id="waiter") as waiter,
+            MySQLdb.connect(**mysql_options(mysql_url)) as other,
+            other.cursor() as cur,
+        ):
+            holder.lock("busy")
+            cur.execute("LOCK TABLES lw_doorbells WRITE")
+            try:
+                waiting = Background(lambda: waiter.lock("busy", timeout=1))
+                waiting.join(5)
+                assert not waiting.is_alive(), "the waiter overran its timeout"
+                with pytest.raises(LockTimeout):
+                    waiting.result()
+            finally:
+                cur.execute("UNLOCK TABLES")
+    finally:
+        holder_store.close()
+        waiter_store.close()

@@ -17,7 +17,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import lockwarden
-from lockwarden import NotHeld, StoreError
+from lockwarden import LockTimeout, NotHeld, StoreError
 from lockwarden.store import pgconn
 from lockwarden.store.postgres import PostgresBackend
 from tests.conftest import PG, Background, open_connections, pg_admin, wait_for
@@ -151,3 +151,21 @@ def test_a_store_opens_at_most_its_pool_and_a_listener(pg_url: str) -> None:
         for w in workers:
             w.result()
     assert seen and max(seen) <= pgconn.POOL_SIZE + 1  # the pool, and the LISTEN connection
+
+
+def test_a_waiter_whose_listen_connection_is_slow_to_come_times_out_on_time(
+    pg_url: str, proxy: Proxy
+) -> None:
+    """The waiter's store opens its LISTEN connection before the first wait, and the
+    server takes new connections in without answering (up to the driver's
+    connect_timeout, 10 s): the waiter waits for it no longer than its own timeout."""
+    with lockwarden.connect(proxy.url(pg_url)) as far, lockwarden.connect(pg_url) as near:
+        near.session("holder", ttl=60).lock("job")
+        waiter = far.session("waiter", ttl=60)  # its connection is open before the stall
+        proxy.stall_new()
+        waiting = Background(lambda: waiter.lock("job", timeout=1))
+        waiting.join(5)
+        assert not waiting.is_alive(), "the waiter overran its timeout"
+        with pytest.raises(LockTimeout):
+            waiting.result()
+        proxy.restore()

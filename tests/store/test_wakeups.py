@@ -10,7 +10,7 @@ from lockwarden.store.wakeups import Subscription, Wakeups
 
 
 def _wakeups() -> Wakeups:
-    return Wakeups(lambda: None)
+    return Wakeups(lambda timeout: None)
 
 
 def test_a_grant_reaches_only_the_request_it_names() -> None:

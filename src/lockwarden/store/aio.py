@@ -59,7 +59,9 @@ async def run_async(steps: Steps[T], wakeups: Wakeups) -> T:
                 elif isinstance(step, Listen):
                     sub = AsyncSubscription(step.names, step.request_id, asyncio.get_running_loop())
                     # Starting the listener may wait for its connection: not on the loop.
-                    await _in_thread(partial(wakeups.add, sub, step.since, step.epoch))
+                    await _in_thread(
+                        partial(wakeups.add, sub, step.since, step.epoch, step.timeout)
+                    )
                 elif step.woken and sub is not None:
                     driver.outcome(await sub.wait_async(step.seconds))
                 else:

@@ -162,12 +162,14 @@ class EtcdBackend(Backend):
         self.wakeups.wake({name for names in found for name in names if name is not None})
         return found
 
-    def _watch(self) -> None:
+    def _watch(self, timeout: float | None) -> None:
         with self._watch_lock:
             if self._watcher is None:
                 self._watcher = self._kv.watch(self._p, self._on_event, self.wakeups.wake_all)
             watcher = self._watcher
-        if not watcher.wait_created(CALL_BUDGET):
+        if timeout is not None and timeout < CALL_BUDGET:  # the waiter's time runs out first
+            watcher.wait_created(timeout)
+        elif not watcher.wait_created(CALL_BUDGET):
             raise StoreError(
                 f"lock store {self.url.display}: could not open a watch within {CALL_BUDGET:g} s"
                 " (is a majority of the cluster up?)"

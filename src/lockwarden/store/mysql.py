@@ -732,7 +732,7 @@ class MySQLBackend(SQLBackend):
                 # process finds the ring when its listener next reads its doorbell.
                 self.stats.add("rings_unheard")
 
-    def _watch(self) -> None:
+    def _watch(self, timeout: float | None) -> None:
         if self._listen_tried.is_set():
             return
         with self._listener_lock:
@@ -745,8 +745,10 @@ class MySQLBackend(SQLBackend):
                 self._listener.start()
         # A waiter must not wait before its doorbell hangs, or a release committed in
         # between would not ring it. If it cannot be hung, the listener's retries wake
-        # every waiter instead (polling).
-        self._listen_tried.wait()
+        # every waiter instead (polling). Hanging it may wait for a connection, or for
+        # the doorbell's row (a ring in another transaction holds it to its commit):
+        # not longer than the waiter's time left.
+        self._listen_tried.wait(timeout)
 
     def _listen(self) -> None:
         me = {"me": self._doorbell}

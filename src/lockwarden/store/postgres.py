@@ -266,7 +266,7 @@ class PostgresBackend(SQLBackend):
 
     # -- wake-ups --------------------------------------------------------------------
 
-    def _watch(self) -> None:
+    def _watch(self, timeout: float | None) -> None:
         if self._listen_tried.is_set():
             return
         with self._listener_lock:
@@ -279,8 +279,10 @@ class PostgresBackend(SQLBackend):
                 self._listener.start()
         # A waiter must not make its first attempt before LISTEN is in force,
         # or a release committed in between would go unheard. If LISTEN cannot be
-        # had, the listener's retries wake every waiter instead (polling).
-        self._listen_tried.wait()
+        # had, the listener's retries wake every waiter instead (polling). The
+        # connection may take long to come (up to its connect_timeout): not
+        # longer than the waiter's time left.
+        self._listen_tried.wait(timeout)
 
     def _listen(self) -> None:
         """Keep a LISTEN connection, and while there is none, poll: wake every waiter at

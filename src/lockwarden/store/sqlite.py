@@ -552,7 +552,7 @@ class SQLiteBackend(SQLBackend):
         sent (the process is gone, or its inbox full) is left to that process's poller."""
         inbox.tell(told, self._tag, self.wakeups, self._outbox)
 
-    def _watch(self) -> None:
+    def _watch(self, timeout: float | None) -> None:
         with self._poller_lock:
             if self._poller is None:
                 self._inbox = inbox.open_inbox(self._tag)

@@ -68,6 +68,9 @@ class Listen(NamedTuple):
     """When the first attempt began (`time.monotonic`): wake-ups since then are delivered."""
     epoch: int
     """`Wakeups.epoch` before the first attempt."""
+    timeout: float | None
+    """The request's time left (None: no limit): the longest to wait for the backend's
+    wake-ups to be in force (`Backend._watch`)."""
 
 
 class Wait(NamedTuple):
@@ -128,7 +131,7 @@ def run_sync(steps: Steps[T], wakeups: Wakeups) -> T:
                     driver.outcome(step.fn())
                 elif isinstance(step, Listen):
                     sub = Subscription(step.names, step.request_id)
-                    wakeups.add(sub, step.since, step.epoch)
+                    wakeups.add(sub, step.since, step.epoch, step.timeout)
                 elif step.woken and sub is not None:
                     driver.outcome(sub.wait(step.seconds))
                 else:
@@ -254,7 +257,9 @@ def acquire_steps(
             remaining, look_again = until
             if not listening:
                 listening = True
-                yield Listen(frozenset(names), request_id, since, epoch)
+                yield Listen(frozenset(names), request_id, since, epoch, remaining)
+                if deadline is not None:  # the wake-ups may have taken some of it
+                    remaining = max(0.0, deadline - time.monotonic())
             woken = yield from _wait(backend, want, attempt.rows or (), _min(remaining, look_again))
             if isinstance(woken, tuple) and len(woken) == len(names):
                 backend.stats.add("handed")  # granted by a release: no attempt needed

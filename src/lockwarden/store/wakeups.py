@@ -21,8 +21,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 
 Tokens = tuple[int, ...]
 """The tokens of a grant made to a waiting request, in the order of its names."""
@@ -101,7 +100,7 @@ class _Recent:
 class Wakeups:
     """Who in this process waits for which names and requests."""
 
-    def __init__(self, watch: Callable[[], None]) -> None:
+    def __init__(self, watch: Callable[[float | None], None]) -> None:
         self._watch = watch
         self._lock = threading.Lock()
         self._by_name: dict[str, set[Subscription]] = {}
@@ -118,18 +117,26 @@ class Wakeups:
         """Moves whenever wake-ups may have been missed (`wake_all`): a waiter that read it
         before its first attempt and finds it moved when subscribing looks again at once."""
 
-    def add(self, sub: Subscription, since: float = math.inf, epoch: int | None = None) -> None:
+    def add(
+        self,
+        sub: Subscription,
+        since: float = math.inf,
+        epoch: int | None = None,
+        timeout: float | None = None,
+    ) -> None:
         """Register ``sub``; deliver what came for it since ``since`` (a `time.monotonic`).
 
         The backend's source of wake-ups from other processes is running
-        before this returns. ``epoch``, read before the attempt that made the
-        subscriber wait: if wake-ups may have been missed since, it is woken.
+        before this returns, or ``timeout`` seconds have passed (None: no limit):
+        the subscriber's time left, after which it waits no more (`Backend._watch`).
+        ``epoch``, read before the attempt that made the subscriber wait: if
+        wake-ups may have been missed since, it is woken.
         """
         with self._lock:
             self._adding += 1
             first = not self._watched
         try:
-            self._watch()
+            self._watch(timeout)
         except BaseException:
             with self._lock:
                 self._adding -= 1
@@ -187,15 +194,6 @@ class Wakeups:
             self._watched = False
             stop()
             return True
-
-    @contextmanager
-    def subscribe(self, sub: Subscription) -> Iterator[Subscription]:
-        """Register ``sub`` while the block runs (`add`, then `remove`)."""
-        self.add(sub)
-        try:
-            yield sub
-        finally:
-            self.remove(sub)
 
     @property
     def waiting(self) -> int:
