@@ -105,7 +105,7 @@ def test_the_first_waiter_looks_again_once_the_source_of_wake_ups_has_started() 
     """Before the first wait of a store nothing listens to other processes: a release
     between that waiter's attempt and the start of the listener went unheard."""
     started: list[bool] = []
-    wakeups = Wakeups(lambda: started.append(True))
+    wakeups = Wakeups(lambda timeout: started.append(True))
     epoch = wakeups.epoch  # read before the first attempt
     sub = Subscription(frozenset({"n"}), "r1")
     wakeups.add(sub, time.monotonic(), epoch)
@@ -122,7 +122,7 @@ def test_the_first_waiter_looks_again_once_the_source_of_wake_ups_has_started() 
 
 def test_the_source_stops_only_once_nobody_has_waited_for_the_idle_time() -> None:
     stops: list[bool] = []
-    wakeups = Wakeups(lambda: None)
+    wakeups = Wakeups(lambda timeout: None)
     sub = Subscription(frozenset({"n"}), "r1")
     wakeups.add(sub, time.monotonic(), wakeups.epoch)
     assert not wakeups.unwatch(0.0, lambda: stops.append(True))  # someone waits
@@ -136,7 +136,7 @@ def test_the_source_stops_only_once_nobody_has_waited_for_the_idle_time() -> Non
 def test_a_source_that_stopped_makes_the_next_waiter_look_again() -> None:
     """What came while nobody listened is lost, as before the first wait of a store."""
     starts: list[bool] = []
-    wakeups = Wakeups(lambda: starts.append(True))
+    wakeups = Wakeups(lambda timeout: starts.append(True))
     wakeups.add(first := Subscription(frozenset({"n"}), "r1"), time.monotonic(), wakeups.epoch)
     assert first.wait(0) is True  # the store's first waiter
     wakeups.remove(first)
@@ -153,7 +153,8 @@ def test_the_source_never_stops_between_starting_and_a_subscription() -> None:
     refused: list[bool] = []
     wakeups: Wakeups
 
-    def watch() -> None:  # the source is running; the waiter is not subscribed yet
+    def watch(timeout: float | None) -> None:
+        # The source is running; the waiter is not subscribed yet.
         refused.append(not wakeups.unwatch(0.0, lambda: None))
 
     wakeups = Wakeups(watch)
@@ -162,7 +163,7 @@ def test_the_source_never_stops_between_starting_and_a_subscription() -> None:
 
 
 def test_an_add_that_fails_to_start_the_source_does_not_keep_it_from_stopping() -> None:
-    def watch() -> None:
+    def watch(timeout: float | None) -> None:
         raise KeyboardInterrupt
 
     wakeups = Wakeups(watch)

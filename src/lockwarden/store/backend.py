@@ -268,8 +268,7 @@ class Backend(ABC):
     def _watch(self, timeout: float | None) -> None:
         """Start delivering wake-ups from other processes (called before the first wait),
         waiting at most ``timeout`` seconds (None: no limit) for them to be in force: the
-        time the waiter has left. A waiter whose time runs out first goes on and times out;
-        one that waits is woken when they come in force (`Wakeups.wake_all`)."""
+        time the waiter has left: one whose time runs out first goes on, to time out."""
 
     @abstractmethod
     def close(self) -> None:
