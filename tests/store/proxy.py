@@ -70,6 +70,7 @@ class Proxy:
     def cut(self) -> None:
         """Drop every connection and refuse new ones, as a server that went away."""
         self._accepting = False
+        self._drop_stalled()
         with self._lock:
             pairs, self._pairs = self._pairs, []
         for pair in pairs:
@@ -88,6 +89,10 @@ class Proxy:
 
     def restore(self) -> None:
         self._accepting = True
+        self._drop_stalled()
+
+    def _drop_stalled(self) -> None:
+        """Stop stalling: close the connections taken in and never answered."""
         self._stalling = False
         stalled, self._stalled = self._stalled, []
         for client in stalled:
