@@ -54,6 +54,7 @@ from lockwarden.store.backend import (
     jittered,
     random_hex,
 )
+from lockwarden.store.listener import Listener
 from lockwarden.store.pgconn import RETRY_DELAYS
 from lockwarden.store.plpgsql import BUCKETS, GRAPH_KEY
 from lockwarden.store.url import StoreURL, mysql_options
@@ -378,14 +379,13 @@ class MySQLBackend(SQLBackend):
         if self._near is not None:
             self.look_every = inbox.LOOK_EVERY
         self._outbox = inbox.Outbox()
-        self._inbox: socket.socket | None = None
         self._closed = threading.Event()
-        self._listen_tried = threading.Event()
         self._contended = FoughtOver()
         """Names whose acquire queues the common wait in its first round trip (`_taking`)."""
         self._listen_conn: int | None = None
-        self._listener: threading.Thread | None = None
-        self._listener_lock = threading.Lock()
+        self._listener = Listener(
+            self._tag, self._listen, "lockwarden-doorbell", pokes=self._near is not None
+        )
         self._migrate((), _STEPS, opening)
 
     def _connect(self) -> Connection:
@@ -733,22 +733,10 @@ class MySQLBackend(SQLBackend):
                 self.stats.add("rings_unheard")
 
     def _watch(self, timeout: float | None) -> None:
-        if self._listen_tried.is_set():
-            return
-        with self._listener_lock:
-            if self._listener is None:
-                # Bound before the first attempt, so that a poke sent after it waits to be read.
-                self._inbox = inbox.open_inbox(self._tag) if self._near is not None else None
-                self._listener = threading.Thread(
-                    target=self._listen, name="lockwarden-doorbell", daemon=True
-                )
-                self._listener.start()
-        # A waiter must not wait before its doorbell hangs, or a release committed in
-        # between would not ring it. If it cannot be hung, the listener's retries wake
-        # every waiter instead (polling). Hanging it may wait for a connection, or for
-        # the doorbell's row (a ring in another transaction holds it to its commit):
-        # not longer than the waiter's time left.
-        self._listen_tried.wait(timeout)
+        # If the doorbell cannot be hung, the listener's retries wake every waiter
+        # (polling). Hanging it may wait for a connection, or for the doorbell's row (a
+        # ring in another transaction holds it to its commit).
+        self._listener.start(timeout)
 
     def _listen(self) -> None:
         me = {"me": self._doorbell}
@@ -766,7 +754,7 @@ class MySQLBackend(SQLBackend):
                     seen = self._listen_once(conn, None)
                     # Rings while nobody listened were missed: everyone looks again.
                     self.wakeups.wake_all()
-                    self._listen_tried.set()
+                    self._listener.tried.set()
                     failures = 0
                     while not self._closed.is_set():
                         now = self._listen_once(conn, seen)
@@ -782,7 +770,7 @@ class MySQLBackend(SQLBackend):
                         self.url.display,
                         _describe(exc),
                     )
-                self._listen_tried.set()
+                self._listener.tried.set()
                 self.stats.add("listener_reconnects")
                 self.wakeups.wake_all()  # let waiters look (and meet the trouble themselves)
                 failures += 1
@@ -797,7 +785,7 @@ class MySQLBackend(SQLBackend):
         with conn.cursor() as cur:
             text: str = cur.mogrify(DIALECT.render(_DOORBELL_LISTEN), params)
         conn.send_query(text.encode())
-        box = self._inbox
+        box = self._listener.inbox
         answer = conn.fileno()
         while box is not None:  # hand on the pokes that come before the answer
             ready = select.select([answer, box], [], [])[0]
@@ -820,17 +808,16 @@ class MySQLBackend(SQLBackend):
 
     def close(self) -> None:
         self._closed.set()
-        if self._listener is not None:
-            if self._listen_conn is not None:
-                with suppress(StoreError):  # already gone
-                    self.query(f"KILL QUERY {int(self._listen_conn)}")
-            self._listener.join(timeout=5.0)
+        started = self._listener.started
+        if started and self._listen_conn is not None:
+            with suppress(StoreError):  # already gone
+                self.query(f"KILL QUERY {int(self._listen_conn)}")
+        self._listener.close(timeout=5.0)
+        if started:
             with suppress(StoreError):  # the server is gone: the row stays, never rung
                 self.query(_DOORBELL_REMOVE, {"me": self._doorbell})
         self._pool.close()
         self._outbox.close()
-        if self._inbox is not None:
-            self._inbox.close()
 
 
 def _begin(names: Sequence[str]) -> str:

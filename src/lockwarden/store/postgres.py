@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import select
-import socket
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import suppress
@@ -38,6 +37,7 @@ from lockwarden.store.backend import (
     SQLBackend,
     jittered,
 )
+from lockwarden.store.listener import Listener
 from lockwarden.store.pgconn import Connections, Prepared, TextArgs, TextRow, describe
 from lockwarden.store.url import StoreURL, import_psycopg
 
@@ -103,12 +103,11 @@ class PostgresBackend(SQLBackend):
         if self._near is not None:
             self.look_every = inbox.LOOK_EVERY
         self._outbox = inbox.Outbox()
-        self._inbox: socket.socket | None = None
         self._closed = threading.Event()
         self._listening = threading.Event()
-        self._listen_tried = threading.Event()
-        self._listener: threading.Thread | None = None
-        self._listener_lock = threading.Lock()
+        self._listener = Listener(
+            self._tag, self._listen, "lockwarden-listen", pokes=self._near is not None
+        )
         self._migrate(
             (f"CREATE SCHEMA IF NOT EXISTS {url.schema}",),
             plpgsql.steps(url.schema),
@@ -267,22 +266,8 @@ class PostgresBackend(SQLBackend):
     # -- wake-ups --------------------------------------------------------------------
 
     def _watch(self, timeout: float | None) -> None:
-        if self._listen_tried.is_set():
-            return
-        with self._listener_lock:
-            if self._listener is None:
-                # Bound before the first look, so that a poke sent after it waits to be read.
-                self._inbox = inbox.open_inbox(self._tag) if self._near is not None else None
-                self._listener = threading.Thread(
-                    target=self._listen, name="lockwarden-listen", daemon=True
-                )
-                self._listener.start()
-        # A waiter must not make its first attempt before LISTEN is in force,
-        # or a release committed in between would go unheard. If LISTEN cannot be
-        # had, the listener's retries wake every waiter instead (polling). The
-        # connection may take long to come (up to its connect_timeout): not
-        # longer than the waiter's time left.
-        self._listen_tried.wait(timeout)
+        # If LISTEN cannot be had, the listener's retries wake every waiter (polling).
+        self._listener.start(timeout)
 
     def _listen(self) -> None:
         """Keep a LISTEN connection, and while there is none, poll: wake every waiter at
@@ -304,7 +289,7 @@ class PostgresBackend(SQLBackend):
                     conn.execute(f"LISTEN {requests}")
                     # Notifications sent while nobody listened are lost: everyone looks again.
                     self._listening.set()
-                    self._listen_tried.set()
+                    self._listener.tried.set()
                     self.wakeups.wake_all()
                     failures = 0
                     while not self._closed.is_set():
@@ -323,7 +308,7 @@ class PostgresBackend(SQLBackend):
                         self.url.display,
                         describe(self.url, exc),
                     )
-                self._listen_tried.set()
+                self._listener.tried.set()
                 self.stats.add("listener_reconnects")
                 self.wakeups.wake_all()  # let waiters look (the polling)
                 failures += 1
@@ -332,7 +317,7 @@ class PostgresBackend(SQLBackend):
     def _receive(self, conn: Connection, requests: str) -> None:
         """Wait up to `_LISTEN_POLL` for notifications and pokes, and hand each to the
         waiters it concerns."""
-        pg, box = conn.pgconn.socket, self._inbox
+        pg, box = conn.pgconn.socket, self._listener.inbox
         fds = [pg] if box is None else [pg, box.fileno()]
         ready, _, _ = select.select(fds, [], [], _LISTEN_POLL)
         if box is not None and box.fileno() in ready:
@@ -346,15 +331,10 @@ class PostgresBackend(SQLBackend):
                     self.wakeups.wake((note.payload,))
 
     def _unwatch(self) -> None:
-        """The listener stops (`Wakeups.unwatch`, under its lock): the next `_watch`
-        starts another, and waits for its LISTEN."""
-        with self._listener_lock:
-            if self._inbox is not None:
-                self._inbox.close()
-                self._inbox = None
-            self._listener = None
-            self._listen_tried.clear()
-            self._listening.clear()
+        """The listener stops (`Wakeups.unwatch`, under its lock, so no `_watch` runs
+        meanwhile): the next `_watch` starts another, and waits for its LISTEN."""
+        self._listening.clear()
+        self._listener.stopped()
 
     @property
     def listening(self) -> bool:
@@ -363,12 +343,9 @@ class PostgresBackend(SQLBackend):
 
     def close(self) -> None:
         self._closed.set()
-        if self._listener is not None:
-            self._listener.join(timeout=2 * _LISTEN_POLL + 1.0)
+        self._listener.close(timeout=2 * _LISTEN_POLL + 1.0)
         self._connections.close()
         self._outbox.close()
-        if self._inbox is not None:
-            self._inbox.close()
 
 
 _BOOL = {True: b"t", False: b"f"}

@@ -1,0 +1,76 @@
+"""The thread that brings a database server's wake-ups to a store's waiters.
+
+PostgreSQL (its LISTEN connection) and MySQL (its doorbell) each keep one thread
+per waiting store, which reads that source and the store's inbox (`inbox`) and
+hands each message to the waiters it concerns (`Wakeups`). What the two share
+is here: the thread starts at the store's first wait, with the inbox bound
+before it, so that a poke sent after the waiter's first attempt waits to be
+read; that wait lasts until the source has been tried, and no longer than the
+waiter's time left; a thread that stops leaves the next wait to start another.
+How the thread reads its source, and when it stops, is each backend's.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable
+
+from lockwarden.store import inbox
+
+
+class Listener:
+    """One store's listening thread, started on demand (`Backend._watch`)."""
+
+    def __init__(self, tag: str, run: Callable[[], None], name: str, *, pokes: bool) -> None:
+        self._tag = tag
+        self._run = run
+        self._name = name
+        self._pokes = pokes
+        self.inbox: socket.socket | None = None
+        """Where releases of this machine poke the store's waiters (None: not bound, or
+        ``pokes`` false: no release can reach this store that way)."""
+        self.tried = threading.Event()
+        """Set by the thread once its source was tried: in force, or failed (then waiters
+        poll). A waiter must not make its first attempt before, or a release committed in
+        between would go unheard."""
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def start(self, timeout: float | None) -> None:
+        """Start the thread if none runs, and wait for its source to be tried, at most
+        ``timeout`` seconds (the waiter's time left; None: without limit). A source may
+        take long to come (a connection up to its ``connect_timeout``, a row locked by
+        another transaction): the waiter's own timeout is kept."""
+        if self.tried.is_set():
+            return
+        with self._lock:
+            if self._thread is None:
+                self.inbox = inbox.open_inbox(self._tag) if self._pokes else None
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+        self.tried.wait(timeout)
+
+    @property
+    def started(self) -> bool:
+        """Whether a thread was started and has not stopped."""
+        return self._thread is not None
+
+    def stopped(self) -> None:
+        """Called by the thread as it ends for good: the next `start` starts another,
+        which binds the inbox again and is waited for."""
+        with self._lock:
+            if self.inbox is not None:
+                self.inbox.close()
+                self.inbox = None
+            self._thread = None
+            self.tried.clear()
+
+    def close(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the thread to end (the backend has told it to), and
+        close the inbox."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        if self.inbox is not None:
+            self.inbox.close()
