@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from lockwarden.store import process
 from lockwarden.store.attempt import Told
 from lockwarden.store.backend import TAG_LENGTH
-from lockwarden.store.wakeups import Wakeups
+from lockwarden.store.wakeups import Tokens, Wakeups
 
 LOOK_EVERY = 1.0
 """How often (seconds) a waiter that releases of this machine may poke asks whether it was
@@ -96,16 +96,23 @@ class Outbox:
         self._socket.close()
 
 
-def tell(told: Iterable[Told], tag: str, wakeups: Wakeups, outbox: Outbox) -> list[str]:
+def message(request: str, tokens: Tokens | None) -> str:
+    """What tells a request of another process what a release did: ``"<request id>
+    <token>"`` (granted that token) or the request id alone (attempt again), as
+    `Wakeups.deliver` reads it, whether it comes by poke or by PostgreSQL's NOTIFY."""
+    return f"{request} {tokens[0]}" if tokens else request
+
+
+def tell(told: Iterable[Told], tag: str, wakeups: Wakeups, outbox: Outbox) -> list[Told]:
     """Tell each request ``(request id, session id, tokens)`` what a release did (the
     tokens it was granted; None: attempt again): a request of this store, whose session
     id ends with ``tag``, directly; one of another process by a poke to its store's
-    inbox. Returns the sessions whose poke could not be sent (the process is gone, or
-    its inbox closed or full): the caller reaches them its other way, if it has one."""
-    unreached: list[str] = []
+    inbox. Returns those whose poke could not be sent (the process is gone, or its inbox
+    closed or full): the caller reaches them its other way, if it has one."""
+    unreached: list[Told] = []
     for request, session, tokens in told:
         if session.endswith(tag):
             wakeups.address(request, tokens)
-        elif not outbox.poke(session, f"{request} {tokens[0]}" if tokens else request):
-            unreached.append(session)
+        elif not outbox.poke(session, message(request, tokens)):
+            unreached.append((request, session, tokens))
     return unreached

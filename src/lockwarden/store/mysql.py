@@ -663,7 +663,7 @@ class MySQLBackend(SQLBackend):
         # After the commit: a woken waiter holds its grant.
         here = [t for t in told if t[1] in near or t[1].endswith(self._tag)]
         if unreached := inbox.tell(here, self._tag, self.wakeups, self._outbox):
-            self._ring_now(unreached)
+            self._ring_now(_sessions(unreached))
         if rung:
             self._knock(_SESSION_PROCESS, {"sessions": _sessions(told), "near": self._near})
         # As on PostgreSQL: a release resent after its connection dropped finds

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, TypeVar
 from lockwarden import hooks
 from lockwarden.errors import StoreError
 from lockwarden.store import inbox, plpgsql, queries
+from lockwarden.store.attempt import Told
 from lockwarden.store.backend import (
     STORE_LOG,
     TAG_LENGTH,
@@ -240,20 +241,15 @@ class PostgresBackend(SQLBackend):
 
     def _tell(self, pokes: str | None, resent: Sequence[str]) -> None:
         """Tell the waiters of this machine that a release let in what it did: ``pokes``,
-        one ``"<session id> <message>"`` a line (`Wakeups.deliver` reads the message).
-        Those of this store at once, the others through their stores' inboxes; what
-        cannot go that way goes by NOTIFY. A release that was ``resent`` after its
-        connection dropped may have let waiters in whose pokes are lost with the first
-        answer: every waiter of its names looks again."""
-        channels: list[str] = []
-        messages: list[str] = []
-        for line in pokes.split("\n") if pokes else ():
-            session, _, message = line.partition(" ")
-            if session.endswith(self._tag):
-                self.wakeups.deliver(message)
-            elif not self._outbox.poke(session, message):
-                channels.append(plpgsql.grant_channel(session[-TAG_LENGTH:]))
-                messages.append(message)
+        one ``"<session id> <request id>[ <token>]"`` a line. Those of this store at once,
+        the others through their stores' inboxes (`inbox.tell`); what cannot go that way
+        goes by NOTIFY. A release that was ``resent`` after its connection dropped may
+        have let waiters in whose pokes are lost with the first answer: every waiter of
+        its names looks again."""
+        told = [_told(line) for line in pokes.split("\n")] if pokes else []
+        unreached = inbox.tell(told, self._tag, self.wakeups, self._outbox)
+        channels = [plpgsql.grant_channel(session[-TAG_LENGTH:]) for _, session, _ in unreached]
+        messages = [inbox.message(request, tokens) for request, _, tokens in unreached]
         for name in resent:
             channels.append(plpgsql.channel(self.url.schema))
             messages.append(name)
@@ -346,6 +342,13 @@ class PostgresBackend(SQLBackend):
         self._listener.close(timeout=2 * _LISTEN_POLL + 1.0)
         self._connections.close()
         self._outbox.close()
+
+
+def _told(line: str) -> Told:
+    """One line of `lw_release`'s pokes, ``"<session id> <request id>[ <token>]"``, as
+    `inbox.tell` takes it."""
+    session, request, *token = line.split(" ")
+    return request, session, (int(token[0]),) if token else None
 
 
 _BOOL = {True: b"t", False: b"f"}
