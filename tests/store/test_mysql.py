@@ -188,6 +188,49 @@ def test_a_grant_on_this_machine_is_poked_not_rung(mysql_url: str) -> None:
         store.close()
 
 
+def test_a_knock_that_hangs_holds_up_neither_the_release_nor_the_rung_waiter(
+    mysql_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The `KILL QUERY` that interrupts a rung doorbell's sleep is sent by the releasing
+    store's knocking thread: while it hangs (held here on purpose, as the server held such
+    KILLs for 6-10 s in chaos runs), the release has returned, and the waiter, whose
+    doorbell was rung before the knock, wakes holding the lock once the knock lands."""
+    store = lockwarden.connect(mysql_url)
+    store._backend._near = "another machine/"  # the waiter is rung, not poked
+    waiter_store = lockwarden.connect(mysql_url)
+    backend: Any = store._backend
+    knock, held = backend._knock_now, threading.Event()
+
+    def hanging_knock(who: str, params: dict[str, Any]) -> None:
+        held.wait(30)
+        knock(who, params)
+
+    monkeypatch.setattr(backend, "_knock_now", hanging_knock)
+    try:
+        holder = store.session(app_id="holder", ttl=60)
+        waiter = waiter_store.session(app_id="waiter", ttl=60)
+        waiter_store._backend.look_every = None  # only the doorbell wakes it
+        lock = holder.lock("knocked")
+        got = Background(lambda: waiter.lock("knocked", timeout=20))
+        wait_for(lambda: store.waiters("knocked"), what="the waiter to queue")
+        wait_for(lambda: waiter_store._backend._listen_conn, what="the doorbell to hang")
+        time.sleep(0.5)  # past the waiter's look at what is in its way (`waiting.PID_POLL`)
+        started = time.monotonic()
+        lock.release()
+        assert time.monotonic() - started < 1.0  # not behind the knock
+        time.sleep(0.3)
+        assert got.is_alive()  # rung, and asleep until knocked
+        held.set()
+        granted = got.result(timeout=0.5 * inbox.LOOK_EVERY)
+        assert [e.holder.app_id for e in store.locks("knocked")] == ["waiter"]
+        assert granted.token > lock.token
+        assert store.stats["rings_unheard"] == 0
+    finally:
+        held.set()
+        waiter_store.close()
+        store.close()
+
+
 def test_a_grant_to_another_machine_rings_its_doorbell(mysql_url: str) -> None:
     """A waiter of another machine is rung, and finds its grant by attempting."""
     store = lockwarden.connect(mysql_url)

@@ -25,6 +25,7 @@ import hashlib
 import importlib
 import json
 import os
+import queue
 import re
 import select
 import socket
@@ -383,6 +384,9 @@ class MySQLBackend(SQLBackend):
         self._contended = FoughtOver()
         """Names whose acquire queues the common wait in its first round trip (`_taking`)."""
         self._listen_conn: int | None = None
+        self._knocks: queue.SimpleQueue[tuple[str, Params] | None] = queue.SimpleQueue()
+        self._knocker: threading.Thread | None = None
+        self._knocker_lock = threading.Lock()
         self._listener = Listener(
             self._tag, self._listen, "lockwarden-doorbell", pokes=self._near is not None
         )
@@ -722,7 +726,27 @@ class MySQLBackend(SQLBackend):
                 self._knock(_SESSION_PROCESS, params)
 
     def _knock(self, who: str, params: Params) -> None:
-        """After the ring committed: interrupt the sleep of the doorbells' listeners."""
+        """After the ring committed: interrupt the sleep of the doorbells' listeners, from
+        the store's knocking thread. The rung processes need the knock, not the caller,
+        which must not wait for it: a `KILL QUERY` may take seconds (MySQL design note,
+        "Wake-ups")."""
+        with self._knocker_lock:
+            if self._knocker is None or not self._knocker.is_alive():
+                self._knocker = threading.Thread(
+                    target=self._knocking, name="lockwarden-knock", daemon=True
+                )
+                self._knocker.start()
+        self._knocks.put((who, params))
+
+    def _knocking(self) -> None:
+        """Send the knocks asked for, in order, until `close` asks for no more (None)."""
+        while (knock := self._knocks.get()) is not None:
+            try:
+                self._knock_now(*knock)
+            except StoreError:  # the rung listeners see the ring when they next read it
+                self.stats.add("rings_unheard")
+
+    def _knock_now(self, who: str, params: Params) -> None:
         bound = {**params, "me": self._doorbell}
         for row in self.query(_LISTENING.format(who=who), bound):
             try:
@@ -808,6 +832,9 @@ class MySQLBackend(SQLBackend):
 
     def close(self) -> None:
         self._closed.set()
+        if self._knocker is not None:  # the knocks asked for before are still sent
+            self._knocks.put(None)
+            self._knocker.join(timeout=5.0)
         started = self._listener.started
         if started and self._listen_conn is not None:
             with suppress(StoreError):  # already gone
