@@ -59,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
         default="durable",
         help="the workers' connect(durability=...); relaxed is PostgreSQL's and SQLite's",
     )
+    parser.add_argument(
+        "--dump-stalls",
+        action="store_true",
+        help="each worker dumps its threads' stacks to HISTORY.stalls/ when an acquire"
+        " overruns its timeout by 1 s",
+    )
     parser.add_argument("--pg", default=PG_DEFAULT, help="PostgreSQL URL (a schema is added)")
     parser.add_argument(
         "--mysql", default=MYSQL_DEFAULT, help="MySQL server URL (a database is added)"
@@ -118,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             fault_every=args.fault_every,
             hold=args.hold,
             think=args.think,
+            dump_stalls=args.dump_stalls,
         )
         try:
             run(config, args.history.with_suffix(".log"), members)

@@ -50,6 +50,9 @@ class Config:
     operations per second, for a run that must count many."""
     think: float = 0.05
     """The longest pause, in seconds, between one worker's operations."""
+    dump_stalls: bool = False
+    """Each worker writes every thread's stack to ``<history>.stalls/`` when an acquire runs
+    `worker.STALL_GRACE` past its timeout (`worker.StallDumps`)."""
 
     @property
     def app_id(self) -> str:

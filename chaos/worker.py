@@ -21,13 +21,15 @@ history: invoke, then ok / fail / info.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import functools
 import mmap
 import os
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import lockwarden
@@ -53,6 +55,9 @@ most `Config.hold` TTLs): the window where a pause makes a holder outlive its le
 
 RECONNECT_PAUSE = 0.5
 """Seconds between attempts to reach the database while it is down (a restart)."""
+
+STALL_GRACE = 1.0
+"""Seconds past its timeout after which an acquire's worker dumps its stacks (`StallDumps`)."""
 
 
 class Board:
@@ -124,6 +129,33 @@ def _nothing(_: object) -> dict[str, Any]:
     return {}
 
 
+class StallDumps:
+    """``--dump-stalls``: where a worker stands when an acquire overruns its timeout.
+
+    Every thread's stack is written by `faulthandler` (its own thread, so a call stuck
+    in a driver is caught too) to a file of the worker's own, after a line naming the
+    process and the `time.monotonic` at which the acquire began, the clock of the
+    history's records. A worker the nemesis paused is dumped as it resumes, wherever
+    it was: read each dump beside the history's pause faults.
+    """
+
+    def __init__(self, history: str, slot: int) -> None:
+        directory = Path(f"{history}.stalls")
+        directory.mkdir(exist_ok=True)
+        self._file = (directory / f"{slot}-{os.getpid()}.txt").open("a")
+
+    @contextlib.contextmanager
+    def watching(self, process: str, seconds: float) -> Iterator[None]:
+        """Dump the stacks if the block is still running after ``seconds``."""
+        self._file.write(f"== {process} acquire at {time.monotonic():.6f}\n")
+        self._file.flush()  # faulthandler writes to the descriptor: keep the order
+        faulthandler.dump_traceback_later(seconds, file=self._file)
+        try:
+            yield
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+
 class Worker:
     def __init__(self, config: Config, slot: int, incarnation: int) -> None:
         self.config = config
@@ -137,6 +169,7 @@ class Worker:
             lambda: lockwarden.connect(config.worker_url(slot), durability=config.durability)
         )
         self.registers = registers_for(config, self.store, config.application_name(slot))
+        self.stalls = StallDumps(config.history, slot) if config.dump_stalls else None
 
     def run(self) -> None:
         for n in range(sys.maxsize):
@@ -181,17 +214,23 @@ class Worker:
         timeout = ACQUIRE_TIMEOUT * self.config.ttl
         self.board.set(self.slot, Board.ACQUIRING)
         session = client.session
+        watching = (
+            contextlib.nullcontext()
+            if self.stalls is None
+            else self.stalls.watching(client.process, timeout + STALL_GRACE)
+        )
         try:
-            stamp: Stamp = client.perform(
-                "acquire",
-                (
-                    (lambda: session.lock(*items[0], timeout=timeout))
-                    if len(items) == 1
-                    else (lambda: session.lock_many(items, timeout=timeout))
-                ),
-                lambda s: {"tokens": s.tokens},
-                locks=items,
-            )
+            with watching:
+                stamp: Stamp = client.perform(
+                    "acquire",
+                    (
+                        (lambda: session.lock(*items[0], timeout=timeout))
+                        if len(items) == 1
+                        else (lambda: session.lock_many(items, timeout=timeout))
+                    ),
+                    lambda s: {"tokens": s.tokens},
+                    locks=items,
+                )
         except LockLost as exc:
             raise Retire("the session was lost") from exc
         except LockError:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import lockwarden
-from chaos.worker import _settled
+from chaos.worker import StallDumps, _settled
 from lockwarden.store import Session
 from tests.conftest import resume_heartbeat, stop_heartbeat
 
@@ -41,3 +42,22 @@ def test_a_retry_still_pending_after_a_ttl_is_reported(session: Session) -> None
     assert _settled(session, 0.3) == 1
     assert time.monotonic() - started >= 0.3
     resume_heartbeat(session)
+
+
+def test_stall_dumps_write_the_stacks_of_an_acquire_that_overruns_only(tmp_path: Path) -> None:
+    """`--dump-stalls`: a block still running after its seconds leaves every thread's stack,
+    this test's call among them, after the line naming its process; one that ends in time
+    leaves the line alone."""
+    history = tmp_path / "h.jsonl"
+    dumps = StallDumps(str(history), 3)
+    with dumps.watching("3.0.1", 5.0):
+        pass
+    with dumps.watching("3.0.2", 0.05):
+        time.sleep(0.5)
+    (written,) = (tmp_path / "h.jsonl.stalls").iterdir()
+    assert written.name.startswith("3-")
+    text = written.read_text()
+    first, second = text.split("== ")[1:]
+    assert first.startswith("3.0.1 acquire at ") and "Timeout" not in first
+    assert second.startswith("3.0.2 acquire at ") and "Timeout (0:00:00" in second
+    assert "test_stall_dumps_write_the_stacks_of_an_acquire_that_overruns_only" in second
