@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from lockwarden.store.wakeups import Subscription, Wakeups
+from lockwarden.store.wakeups import Subscription, Wakeups, message, read
 
 
 def _wakeups() -> Wakeups:
@@ -170,3 +170,11 @@ def test_an_add_that_fails_to_start_the_source_does_not_keep_it_from_stopping() 
     with pytest.raises(KeyboardInterrupt):
         wakeups.add(Subscription(frozenset({"n"}), "r1"), time.monotonic(), wakeups.epoch)
     assert wakeups.unwatch(0.0, lambda: None)
+
+
+def test_a_message_reads_back_as_written_and_anything_else_as_a_look_again() -> None:
+    """One format for pokes and PostgreSQL's NOTIFY, written by `message`, read by `read`."""
+    assert read(message("r1", (42,))) == ("r1", (42,))
+    assert read(message("r1", None)) == ("r1", None)
+    for stray in ("r1 42x", "r1 -1", "r1 \uff14\uff12", "r1 "):
+        assert read(stray) == ("r1", None)

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from lockwarden.store import process
 from lockwarden.store.attempt import Told
 from lockwarden.store.backend import TAG_LENGTH
-from lockwarden.store.wakeups import Tokens, Wakeups
+from lockwarden.store.wakeups import Wakeups, message
 
 LOOK_EVERY = 1.0
 """How often (seconds) a waiter that releases of this machine may poke asks whether it was
@@ -94,13 +94,6 @@ class Outbox:
 
     def close(self) -> None:
         self._socket.close()
-
-
-def message(request: str, tokens: Tokens | None) -> str:
-    """What tells a request of another process what a release did: ``"<request id>
-    <token>"`` (granted that token) or the request id alone (attempt again), as
-    `Wakeups.deliver` reads it, whether it comes by poke or by PostgreSQL's NOTIFY."""
-    return f"{request} {tokens[0]}" if tokens else request
 
 
 def tell(told: Iterable[Told], tag: str, wakeups: Wakeups, outbox: Outbox) -> list[Told]:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from lockwarden import hooks
 from lockwarden.errors import StoreError
-from lockwarden.store import inbox, plpgsql, queries
+from lockwarden.store import inbox, plpgsql, queries, wakeups
 from lockwarden.store.attempt import Told
 from lockwarden.store.backend import (
     STORE_LOG,
@@ -249,7 +249,7 @@ class PostgresBackend(SQLBackend):
         told = [_told(line) for line in pokes.split("\n")] if pokes else []
         unreached = inbox.tell(told, self._tag, self.wakeups, self._outbox)
         channels = [plpgsql.grant_channel(session[-TAG_LENGTH:]) for _, session, _ in unreached]
-        messages = [inbox.message(request, tokens) for request, _, tokens in unreached]
+        messages = [wakeups.message(request, tokens) for request, _, tokens in unreached]
         for name in resent:
             channels.append(plpgsql.channel(self.url.schema))
             messages.append(name)
@@ -347,8 +347,9 @@ class PostgresBackend(SQLBackend):
 def _told(line: str) -> Told:
     """One line of `lw_release`'s pokes, ``"<session id> <request id>[ <token>]"``, as
     `inbox.tell` takes it."""
-    session, request, *token = line.split(" ")
-    return request, session, (int(token[0]),) if token else None
+    session, _, message = line.partition(" ")
+    request, tokens = wakeups.read(message)
+    return request, session, tokens
 
 
 _BOOL = {True: b"t", False: b"f"}

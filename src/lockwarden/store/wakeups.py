@@ -37,6 +37,20 @@ _KEEP = 4096
 """How many remembered wake-ups are kept before the old ones are dropped."""
 
 
+def message(request_id: str, tokens: Tokens | None) -> str:
+    """What tells a request of another process what a release did: ``"<request id>
+    <token>"`` (granted that token) or the request id alone (attempt again). PostgreSQL's
+    functions write the same for NOTIFY (`plpgsql`); `read` reads either."""
+    return f"{request_id} {tokens[0]}" if tokens else request_id
+
+
+def read(message: str) -> tuple[str, Tokens | None]:
+    """The request id and the tokens (None: attempt again) of a `message`. Anyone who can
+    reach a source may send one: what is not of this form is at most a look again."""
+    request_id, _, token = message.partition(" ")
+    return request_id, (int(token),) if token.isascii() and token.isdigit() else None
+
+
 class Subscription:
     """One waiter's interest in some names and in its request, waited on from a thread."""
 
@@ -224,12 +238,10 @@ class Wakeups:
         (granted that token), or the request id alone (attempt again).
 
         Anyone who can reach the source may send one: a message not of this form
-        only makes the request (if there is one) look again. Its id is the
+        only makes the request (if there is one) look again (`read`). Its id is the
         128-bit secret that also authorizes the release.
         """
-        request_id, _, token = message.partition(" ")
-        granted = token.isascii() and token.isdigit()
-        self.address(request_id, (int(token),) if granted else None)
+        self.address(*read(message))
 
     @staticmethod
     def _deliver(sub: Subscription, tokens: Tokens | None) -> None:
