@@ -231,6 +231,26 @@ def test_a_knock_that_hangs_holds_up_neither_the_release_nor_the_rung_waiter(
         store.close()
 
 
+def test_closing_a_store_sends_the_knocks_asked_before_it(
+    mysql_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`close` waits for the knocking thread to send what was asked of it (up to 5 s), so a
+    process that releases and exits at once still interrupts the rung doorbells."""
+    store = lockwarden.connect(mysql_url)
+    backend: Any = store._backend
+    sent: list[str] = []
+
+    def slow_knock(who: str, params: dict[str, Any]) -> None:
+        time.sleep(0.3)
+        sent.append(who)
+
+    monkeypatch.setattr(backend, "_knock_now", slow_knock)
+    backend._knock("TRUE", {})
+    backend._knock("FALSE", {})
+    store.close()
+    assert sent == ["TRUE", "FALSE"]
+
+
 def test_a_grant_to_another_machine_rings_its_doorbell(mysql_url: str) -> None:
     """A waiter of another machine is rung, and finds its grant by attempting."""
     store = lockwarden.connect(mysql_url)
