@@ -14,6 +14,7 @@ from lockwarden import HeldTooLong, LockLost, LockTimeout, Mode
 from lockwarden.store import Session, Store, waiting
 from lockwarden.store.backend import AcquireRequest, Attempt
 from lockwarden.store.mysql import MySQLBackend
+from lockwarden.store.postgres import PostgresBackend
 from lockwarden.store.sqlite import SQLiteBackend
 from lockwarden.store.wakeups import Subscription
 from tests.conftest import stop_heartbeat
@@ -29,13 +30,13 @@ def url(request: pytest.FixtureRequest) -> str:
 def _attempt(session: Session, name: str, mode: str = "X", request: str | None = None) -> Attempt:
     """One attempt of a request that would wait for ``name``, through the backend.
 
-    SQLite and MySQL try the shortcut only for names they have seen fought over
-    (`FoughtOver`, tested in `test_sqlite.py` and `test_mysql.py`); PostgreSQL decides in
-    `lw_lock` for every name. The name is marked fought over here, so that what is tested
-    is the condition itself.
+    Each backend tries the shortcut only for names it has seen fought over (`FoughtOver`,
+    tested in `test_sqlite.py`, `test_mysql.py` and `test_postgres.py`; PostgreSQL's
+    `lw_lock` tries it for every name it is called for). The name is marked fought over
+    here, so that what is tested is the condition itself.
     """
-    if isinstance(session._backend, SQLiteBackend | MySQLBackend):
-        session._backend._contended.note([name], fought=True)
+    assert isinstance(session._backend, SQLiteBackend | MySQLBackend | PostgresBackend)
+    session._backend._contended.note([name], fought=True)
     request_id = request or secrets.token_hex(16)
     return session._backend.acquire(
         AcquireRequest(session.id, request_id, (name,), (mode,), True, False, None)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
+import lockwarden
 from lockwarden import Deadlock, LockLost, LockTimeout
 from lockwarden.store import Session, Store, attempt, waiting
 from lockwarden.store.attempt import Engine, Told
@@ -36,6 +37,36 @@ from tests.conftest import (
 def url(request: pytest.FixtureRequest) -> str:
     value: str = request.getfixturevalue(request.param)
     return value
+
+
+@pytest.mark.parametrize("backend", ["pg_url", "mysql_url", "sqlite_url"])
+def test_a_release_nobody_waits_for_is_one_round_trip_and_one_with_a_waiter_grants(
+    request: pytest.FixtureRequest, backend: str
+) -> None:
+    """A release of a calm name deletes its grant only if nobody waits, in the round trip
+    that commits; where someone does (queued through another store, so this one has not
+    seen the name fought over), it changes nothing, and the full release grants."""
+    url = request.getfixturevalue(backend)
+    store, other = lockwarden.connect(url), lockwarden.connect(url)
+    try:
+        holder, waiter = store.session(app_id="holder"), other.session(app_id="waiter")
+        lock = holder.lock("calm")
+        before = store.stats["statements"]
+        lock.release()
+        assert store.stats["statements"] - before == 1
+        assert store.locks("calm") == []
+        lock = holder.lock("calm")
+        enqueue(waiter, {"calm": "X"})
+        before = store.stats["statements"]
+        lock.release()
+        assert store.stats["statements"] - before >= 2  # the try, then the full release
+        assert [(e.holder.app_id, e.token > lock.token) for e in store.locks("calm")] == [
+            ("waiter", True)
+        ]
+        assert store.waiters("calm") == []
+    finally:
+        store.close()
+        other.close()
 
 
 def grants_one(store: Store) -> bool:

@@ -119,9 +119,9 @@ def test_grant_decisions_match_the_model(store: Store) -> None:
             return session in seen
 
         def attempt(self, request: Request, enqueue: bool, fought: bool) -> None:
-            # SQLite and MySQL choose their statements by whether the store saw the names
+            # The SQL backends choose their statements by whether the store saw the names
             # fought over lately (`FoughtOver`): either way, the same decision.
-            if isinstance(backend, SQLiteBackend | MySQLBackend):
+            if isinstance(backend, SQLiteBackend | MySQLBackend | PostgresBackend):
                 backend._contended.note([n for n, _ in request.items], fought=fought)
             got = backend.acquire(
                 AcquireRequest(
@@ -146,7 +146,8 @@ def test_grant_decisions_match_the_model(store: Store) -> None:
             holds = any(h.session == request.session for h in self.held)
             # PostgreSQL, SQLite and MySQL queue a write request at once, without reading
             # what is in its way, when a live session holds the name and nothing else is
-            # at stake (SQLite and MySQL on names fought over only; etcd never).
+            # at stake (SQLite and MySQL on names fought over only, PostgreSQL in `lw_lock`,
+            # which a calm name's try falls back to; etcd never).
             [(name, mode)] = request.items if len(request.items) == 1 else [("", "")]
             at_once = (
                 isinstance(backend, PostgresBackend)

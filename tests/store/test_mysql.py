@@ -85,34 +85,6 @@ def test_a_free_name_is_granted_in_one_round_trip_and_a_taken_one_takes_no_token
         store.close()
 
 
-def test_a_release_nobody_waits_for_is_one_round_trip_and_one_with_a_waiter_grants(
-    mysql_url: str,
-) -> None:
-    """A release of a calm name deletes its grant only if nobody waits, in the round trip
-    that commits; where someone does (queued through another store, so this one has not
-    seen the name fought over), it changes nothing, and the full release grants."""
-    store, other = lockwarden.connect(mysql_url), lockwarden.connect(mysql_url)
-    try:
-        holder, waiter = store.session(app_id="holder"), other.session(app_id="waiter")
-        lock = holder.lock("calm")
-        before = store.stats["statements"]
-        lock.release()
-        assert store.stats["statements"] - before == 1
-        assert store.locks("calm") == []
-        lock = holder.lock("calm")
-        enqueue(waiter, {"calm": "X"})
-        before = store.stats["statements"]
-        lock.release()
-        assert store.stats["statements"] - before > 2  # the try, then the full release
-        assert [(e.holder.app_id, e.token > lock.token) for e in store.locks("calm")] == [
-            ("waiter", True)
-        ]
-        assert store.waiters("calm") == []
-    finally:
-        store.close()
-        other.close()
-
-
 def test_only_a_name_fought_over_queues_its_wait_in_the_first_round_trip(mysql_url: str) -> None:
     """A calm name's acquire does not pay for the queueing shortcut; a blocked attempt
     marks the name fought over, and the next wait on it is queued in one round trip;

@@ -14,7 +14,7 @@ import pytest
 
 import lockwarden
 from lockwarden import LockTimeout, StoreError
-from lockwarden.store import Store, inbox, plpgsql, postgres, queries
+from lockwarden.store import Session, Store, inbox, plpgsql, postgres, queries
 from lockwarden.store.backend import AcquireRequest
 from lockwarden.store.pgconn import Connections, Prepared
 from lockwarden.store.url import parse_url
@@ -70,6 +70,52 @@ def test_acquire_and_release_are_one_round_trip_each(store: Store) -> None:
         before = store.stats["statements"]
         lock.release()
         assert store.stats["statements"] - before == 1
+
+
+def test_a_calm_name_is_tried_with_plain_statements_and_one_fought_over_goes_to_lw_lock(
+    store: Store,
+) -> None:
+    """A name this store has not seen fought over is tried with the name's advisory lock and
+    `queries.TAKE_IDLE` in one round trip; taken, the attempt then calls `lw_lock` (which
+    queues the common wait without reading what is in its way) and the name counts as
+    fought over: the next attempt calls `lw_lock` at once. Found free, it is calm again."""
+    h, w1, w2 = (store.session(app_id=a) for a in ("h", "w1", "w2"))
+    lock = h.lock("job")
+
+    def attempt(session: Session) -> tuple[int, str, object]:
+        before = store.stats["statements"]
+        found = store._backend.acquire(
+            AcquireRequest(session.id, secrets.token_hex(16), ("job",), ("X",), True, False, 30.0)
+        )
+        return store.stats["statements"] - before, found.status, found.rows
+
+    assert attempt(w1) == (2, "blocked", None)  # calm: the try, then lw_lock
+    assert "job" in store._backend._contended  # type: ignore[attr-defined]
+    assert attempt(w2) == (1, "blocked", None)  # fought over: lw_lock alone
+    assert [w.app_id for w in store.waiters("job")] == ["w1", "w2"]
+    lock.release()  # granted to w1
+    w1.close()
+    w2.close()
+    free = h.lock("job")  # found free by lw_lock: calm again
+    assert "job" not in store._backend._contended  # type: ignore[attr-defined]
+    free.release()
+
+
+def test_the_lock_statement_relaxes_only_a_relaxed_stores_transaction(
+    store: Store, pg_schema: str
+) -> None:
+    """`plpgsql.lock_name`, the first statement of a plain hot-path call, lets the call's
+    transaction commit without waiting for the disk when asked to (relaxed durability),
+    and leaves the server's setting otherwise."""
+    connections = store._backend._connections  # type: ignore[attr-defined]
+    lock = Prepared(b"lw_test_lock", plpgsql.lock_name(pg_schema).encode())
+    setting = Prepared(b"lw_test_setting", b"SELECT current_setting('synchronous_commit')")
+    for relaxed, expected in ((b"t", b"off"), (b"f", b"on")):
+        found = connections.run(
+            lambda conn, r=relaxed: connections.call(conn, (lock, [b"n", r]), (setting, [])),
+            lambda: None,
+        )
+        assert found == (expected,)
 
 
 def test_a_release_grants_the_waiter_which_wakes_holding_the_lock(store: Store) -> None:
@@ -304,14 +350,14 @@ def test_closing_closes_the_kept_connection_even_while_a_call_uses_it(
 def test_connection_killed_mid_acquire_grants_once(store: Store, pg_schema: str) -> None:
     key = plpgsql.lock_key(pg_schema)
     with pg_admin() as blocker, store.session(app_id="a") as s:
-        # Hold the name's advisory lock so the acquire stops inside its function.
+        # Hold the name's advisory lock so the acquire stops in the server, at its first step.
         blocker.execute("BEGIN")
         blocker.execute(
             "SELECT pg_advisory_xact_lock(%s, (hashtextextended('mid', 0) & %s)::integer)",
             (key, plpgsql.BUCKETS - 1),
         )
         waiting = Background(lambda: s.lock("mid", timeout=20))
-        terminate(backend_pid(f"%{pg_schema}.lw_lock%"))
+        terminate(backend_pid(f"%pg_advisory_xact_lock({key}, %"))
         wait_for(lambda: store.stats["retries"] >= 1, what="the client to retry")
         blocker.execute("COMMIT")
         lock = waiting.result()
@@ -470,6 +516,45 @@ def test_plans_made_on_empty_tables_never_scan_them_once_full(store: Store, pg_s
     assert scans.get("lw_waiters", 0) == 0
 
 
+def test_plain_statements_planned_on_empty_tables_never_scan_them_once_full(
+    store: Store, pg_schema: str
+) -> None:
+    """The same for the plain statements of a calm name's acquire and release, which run
+    after `plpgsql.lock_name` (the functions' planner settings) in their transaction: planned
+    on the store's connection while the tables were empty (and analyzed so), their plans
+    still look the name up once thousands of locks are held. (Without the settings they
+    scanned lw_sessions, lw_holders and lw_waiters whole.)"""
+    backend = store._backend
+    with pg_admin() as admin:  # statistics that say so, as autovacuum may leave them
+        for table in ("lw_holders", "lw_waiters", "lw_sessions"):
+            admin.execute(f"ANALYZE {pg_schema}.{table}")
+    lock = backend._lock_name.name.decode()  # type: ignore[attr-defined]
+
+    def plan(statement: Prepared, args: str) -> str:
+        """The plan that the store's connection (one thread: the kept one, every time) uses
+        for ``statement`` in a transaction of the hot path."""
+        name = statement.name.decode()
+
+        def explain(conn: Any) -> list[Any]:
+            with conn.transaction():
+                conn.execute(f"EXECUTE {lock}('n', false)")
+                return conn.execute(f"EXPLAIN EXECUTE {name}({args})").fetchall()
+
+        return "\n".join(row["QUERY PLAN"] for row in backend._run(explain))  # type: ignore[attr-defined]
+
+    with store.session(app_id="measured") as s:
+        for i in range(8):  # planned now, on empty tables, and past the custom plans
+            s.lock(f"warm/{i}").release()
+        with store.session(app_id="filler") as filler:
+            filler.lock_many([(f"fill/{i}", "write") for i in range(2000)])
+            for statement, args in (
+                (backend._take_idle_one, "'s', 'r', 'n', 'X'"),  # type: ignore[attr-defined]
+                (backend._release_idle_one, "'s', 'r', 'n'"),  # type: ignore[attr-defined]
+            ):
+                found = plan(statement, args)
+                assert "Seq Scan" not in found and "Bitmap" not in found, found
+
+
 def _function_state(pg_schema: str) -> tuple[list[str], int]:
     """The schema's ``lw_...`` function signatures, and the recorded fingerprint."""
     with pg_admin() as conn:
@@ -500,23 +585,25 @@ def test_functions_follow_the_library_whatever_the_schema_version(
         conn.execute(
             f"CREATE OR REPLACE FUNCTION {pg_schema}.lw_release(_session text, _request text,"
             " _names text[], _relaxed boolean, _near text, OUT _n bigint, OUT _pokes text)"
-            " LANGUAGE sql AS 'SELECT 1::bigint, NULL::text'"
+            " LANGUAGE sql AS 'SELECT cardinality($3)::bigint, NULL::text'"
         )
         conn.execute(
             f"CREATE FUNCTION {pg_schema}.lw_acquire(_session text, _request text)"
             " RETURNS jsonb LANGUAGE sql AS 'SELECT NULL::jsonb'"
         )
         conn.execute(f"UPDATE {pg_schema}.lw_meta SET value = 42 WHERE key = 'functions'")
+    both = [("body", "write"), ("other", "write")]  # a multi-lock: always the functions
     with store.session(app_id="old") as s:
-        s.lock("body").release()  # still on the old body, which deletes nothing...
+        s.lock_many(both).release()  # still on the old body, which deletes nothing...
         assert len(store.locks("body")) == 1  # ...which is what an upgrade must not leave
     assert len(_function_state(pg_schema)[0]) == len(current[0]) + 1
 
     with lockwarden.connect(pg_url) as upgraded, upgraded.session(app_id="new") as s:
         assert _function_state(pg_schema) == current  # restored, and the overload gone
         upgraded.break_lock("body")
-        s.lock("body").release()
-        assert upgraded.locks("body") == []
+        upgraded.break_lock("other")
+        s.lock_many(both).release()
+        assert upgraded.locks() == []
 
 
 def test_concurrent_connects_to_a_store_with_stale_functions_all_succeed(
@@ -632,7 +719,7 @@ def test_ctrl_c_interrupts_a_lock_call_the_server_has_not_answered(
         )
         try:
             assert child.stdout is not None and child.stdout.readline() == "ready\n"
-            backend_pid(f"%{pg_schema}.lw_lock%")  # the call waits inside the server
+            backend_pid(f"%pg_advisory_xact_lock({key}, %")  # the call waits in the server
             child.send_signal(signal.SIGINT)
             out, _ = child.communicate(timeout=10)  # the blocker still holds the name
         finally:
@@ -710,16 +797,18 @@ def test_a_statement_whose_wait_is_interrupted_has_ended_when_the_caller_hears(
     store: Store, pg_schema: str
 ) -> None:
     """Ctrl-C while a prepared call waits for the server: by the time the exception
-    reaches the caller, the statement was cancelled and rolled back. (The server used
-    to go on with it and commit it later: a lock call giving its request back at once
-    could do so before its own grant committed, and the grant then stayed held.)"""
+    reaches the caller, its statements were cancelled and rolled back, those before the
+    one waited for included (one transaction). (The server used to go on with a statement
+    and commit it later: a lock call giving its request back at once could do so before
+    its own grant committed, and the grant then stayed held.)"""
     connections = store._backend._connections  # type: ignore[attr-defined]
     with pg_admin() as admin:
         admin.execute(f"CREATE TABLE {pg_schema}.marks (n integer)")
+    first = Prepared(b"lw_test_mark", f"INSERT INTO {pg_schema}.marks VALUES (2)".encode())
     sql = f"WITH nap AS (SELECT pg_sleep(1.0)) INSERT INTO {pg_schema}.marks SELECT 1 FROM nap"
     slow = Prepared(b"lw_test_slow", sql.encode())
     with interrupted_after(0.2):  # while the call waits
-        connections.run(lambda conn: connections.call(conn, slow, []), lambda: None)
+        connections.run(lambda conn: connections.call(conn, (first, []), (slow, [])), lambda: None)
     with pg_admin() as admin:
         running = admin.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(1.0)%'"

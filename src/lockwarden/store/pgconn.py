@@ -27,12 +27,13 @@ the pool whenever a call on it fails, leaves a transaction open, or has
 served `KEEP_FOR` seconds, so the pool's own rules (reset, replacement of a
 broken connection, lifetime) apply to it as to the others.
 
-The lock functions, the hot path, are called through the driver's libpq layer
-(`Connections.call`): a prepared statement, text parameters, its one row as
-text. The wire carries what a cursor would send (Bind, Execute, Sync), and the
-call releases the GIL while it waits; what it skips is the cursor's parameter
-adaptation, generator-driven I/O and row loading, most of the client's CPU per
-lock call (the store's design note, "Cost").
+The hot path is called through the driver's libpq layer (`Connections.call`):
+prepared statements, one or a few sent at once as one transaction (libpq's
+pipeline mode), text parameters, the last one's row as text. The wire carries
+what a cursor would send (Bind, Execute, then one Sync), and the call releases
+the GIL while it waits; what it skips is the cursor's parameter adaptation,
+generator-driven I/O and row loading, most of the client's CPU per lock call
+(the store's design note, "Cost").
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import select
 import threading
 import time
 from collections.abc import Callable
-from contextlib import closing
+from contextlib import closing, suppress
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from lockwarden.errors import StoreError
@@ -84,6 +85,10 @@ class Prepared(NamedTuple):
 
     name: bytes
     text: bytes
+
+
+Step = tuple[Prepared, TextArgs]
+"""One statement of a `Connections.call`, and its parameters."""
 
 
 _TRANSIENT = ("08", "57P", "53300", "40001", "40P01")
@@ -235,61 +240,88 @@ class Connections:
                 time.sleep(jittered(delay))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def call(self, conn: Connection, statement: Prepared, args: TextArgs) -> TextRow:
-        """Run ``statement`` on ``conn`` with text ``args``: its one row, as text values.
+    def call(self, conn: Connection, *steps: Step) -> TextRow | None:
+        """Run the prepared ``steps`` on ``conn``, in order, as one transaction in one round
+        trip: the first row of the last one, as text values (None if it has none).
 
-        It is prepared on the connection the first time the server says it does not
-        know it (SQLSTATE 26000), so a connection new to the pool, or one whose
-        prepared statements the server forgot, needs no bookkeeping here. A failure is
-        raised as the driver's own exception, which `run` judges as any other.
+        They go in libpq's pipeline mode with one Sync after the last, so the server runs
+        them as one transaction that commits at the Sync, each statement seeing what
+        committed before it began (a name's advisory lock, then what it guards). Each is
+        prepared on the connection the first time the server says it does not know one
+        (SQLSTATE 26000: that rolled the transaction back), so a connection new to the
+        pool, or one whose prepared statements the server forgot, needs no bookkeeping
+        here. A failure is raised as the driver's own exception, which `run` judges as
+        any other.
         """
         pq = self._psycopg.pq
         pgconn = conn.pgconn
-        # None is NULL, as in the driver's own calls (its stub for this one omits it).
-        name, values = statement.name, cast("list[bytes]", args)
-        result = self._exchange(conn, lambda: pgconn.send_query_prepared(name, values))
-        if result.error_field(pq.DiagnosticField.SQLSTATE) == b"26000":
-            prepared = self._exchange(conn, lambda: pgconn.send_prepare(name, statement.text))
-            if prepared.status != pq.ExecStatus.COMMAND_OK:
-                raise self._psycopg.errors.error_from_result(prepared)
-            result = self._exchange(conn, lambda: pgconn.send_query_prepared(name, values))
-        if result.status != pq.ExecStatus.TUPLES_OK:
-            raise self._psycopg.errors.error_from_result(result)
-        return tuple(result.get_value(0, i) for i in range(result.nfields))
 
-    def _exchange(self, conn: Connection, send: Callable[[], None]) -> PGresult:
-        """``send`` one request with libpq's asynchronous calls and wait for its result
-        in `select.poll`: a signal's handler runs meanwhile (Ctrl-C interrupts the wait,
-        as it does a cursor's), where the blocking ``PQexecPrepared`` would stay deaf for
-        as long as the server is silent. The statement is then settled (`_settle`); the
-        pool closes the connection when it comes back."""
+        def execute() -> int:
+            for statement, args in steps:
+                # None is NULL, as in the driver's own calls (its stub for this one omits it).
+                pgconn.send_query_prepared(statement.name, cast("list[bytes]", args))
+            pgconn.pipeline_sync()
+            return 1
+
+        def prepare() -> int:  # a Sync each: one already known (42P05) spoils no other
+            for statement, _ in steps:
+                pgconn.send_prepare(statement.name, statement.text)
+                pgconn.pipeline_sync()
+            return len(steps)
+
+        results = self._exchange(conn, execute)
+        if any(result.error_field(pq.DiagnosticField.SQLSTATE) == b"26000" for result in results):
+            for result in self._exchange(conn, prepare):
+                known = result.error_field(pq.DiagnosticField.SQLSTATE) == b"42P05"
+                if result.status != pq.ExecStatus.COMMAND_OK and not known:
+                    raise self._psycopg.errors.error_from_result(result)
+            results = self._exchange(conn, execute)
+        for result in results:  # the first failure; the statements after it were skipped
+            if result.status != pq.ExecStatus.TUPLES_OK:
+                raise self._psycopg.errors.error_from_result(result)
+        last = results[-1]
+        return tuple(last.get_value(0, i) for i in range(last.nfields)) if last.ntuples else None
+
+    def _exchange(self, conn: Connection, send: Callable[[], int]) -> list[PGresult]:
+        """``send`` requests in pipeline mode (it returns how many Syncs it sent), and wait
+        for their results in `select.poll`: a signal's handler runs meanwhile (Ctrl-C
+        interrupts the wait, as it does a cursor's), where the blocking
+        ``PQexecPrepared`` would stay deaf for as long as the server is silent. The
+        statements are then settled (`_settle`); the pool closes the connection when it
+        comes back."""
         pgconn = conn.pgconn
-        send()
+        pgconn.enter_pipeline_mode()
         try:
-            return self._result(pgconn)
+            syncs = send()
+            return self._results(pgconn, syncs)
         except BaseException:
             self._settle(conn)
             raise
 
-    def _result(self, pgconn: Any) -> PGresult:
-        """The last result of the request sent on ``pgconn``, waited for in a poll."""
+    def _results(self, pgconn: Any, syncs: int) -> list[PGresult]:
+        """The results of the statements sent on ``pgconn`` before ``syncs`` Syncs, waited
+        for in a poll; the connection leaves pipeline mode after the last."""
+        pq = self._psycopg.pq
         poll = select.poll()
         poll.register(pgconn.socket, select.POLLIN | select.POLLOUT)
-        while pgconn.flush():  # the request did not fit into the socket at once
+        while pgconn.flush():  # the requests did not fit into the socket at once
             poll.poll()
             pgconn.consume_input()  # what the server sent meanwhile, as libpq asks
         poll.modify(pgconn.socket, select.POLLIN)
-        last: PGresult | None = None
-        while True:
+        results: list[PGresult] = []
+        while syncs:
             pgconn.consume_input()
             if pgconn.is_busy():
                 poll.poll()
-            elif (result := pgconn.get_result()) is not None:
-                last = result
-            elif last is None:
-                raise self._psycopg.OperationalError("the server sent no result")
+            elif (result := pgconn.get_result()) is None:  # between two statements' results
+                if pgconn.status == pq.ConnStatus.BAD:
+                    raise self._psycopg.OperationalError("the connection broke")
+            elif result.status == pq.ExecStatus.PIPELINE_SYNC:
+                syncs -= 1
             else:
-                return last
+                results.append(result)
+        pgconn.exit_pipeline_mode()
+        return results
 
     def _settle(self, conn: Connection) -> None:
         """Cancel the statement whose wait an exception cut short, and wait (`SETTLE`
@@ -306,8 +338,8 @@ class Connections:
         SystemExit, not the command line's stop signals; and the prepared calls do not
         go through it: `_exchange`.)
         """
-        pgconn = conn.pgconn
-        if pgconn.transaction_status != self._psycopg.pq.TransactionStatus.ACTIVE:
+        pq, pgconn = self._psycopg.pq, conn.pgconn
+        if pgconn.pipeline_status == pq.PipelineStatus.OFF:  # nothing was sent
             return
         deadline = time.monotonic() + SETTLE
         poll = select.poll()
@@ -318,7 +350,9 @@ class Connections:
                 pgconn.consume_input()
                 if not pgconn.is_busy():
                     if pgconn.get_result() is None:
-                        return
+                        with suppress(self._psycopg.OperationalError):  # results still due
+                            pgconn.exit_pipeline_mode()
+                            return
                 elif (left := deadline - time.monotonic()) <= 0:
                     return
                 else:

@@ -42,6 +42,33 @@ MIGRATION_KEY = -2
 """Serializes schema migrations between processes."""
 
 
+def _bucket(name: str) -> str:
+    """The bucket of a name, in SQL, from a text expression."""
+    return f"(hashtextextended({name}, 0) & {BUCKETS - 1})::integer"
+
+
+_PLANNER: Final = (
+    ("plan_cache_mode", "force_generic_plan"),
+    ("enable_bitmapscan", "off"),
+    ("enable_seqscan", "off"),
+)
+"""How the statements of the hot path are planned (design note, "Cost"): the functions'
+``SET`` clauses, and the transaction of a plain call (`lock_name`)."""
+
+
+def lock_name(schema: str) -> str:
+    """A statement that takes the advisory lock of the name ``$1`` until the transaction
+    ends, as the functions do, gives the transaction the functions' planner settings, and
+    lets it commit without waiting for the disk if ``$2`` (relaxed durability). What a
+    client sends before the statements it runs under the name's lock, in the same
+    transaction (`pgconn.Connections.call`)."""
+    settings = "".join(f", set_config('{key}', '{value}', true)" for key, value in _PLANNER)
+    return (
+        f"SELECT pg_advisory_xact_lock({lock_key(schema)}, {_bucket('$1::text')}){settings},"
+        " CASE WHEN $2::boolean THEN set_config('synchronous_commit', 'off', true) END"
+    )
+
+
 def channel(schema: str) -> str:
     """The NOTIFY channel of a schema's store: lock names whose waiters must look again."""
     return f"lockwarden_{schema}"
@@ -114,23 +141,17 @@ def functions(schema: str) -> list[str]:
     # The token travels with the request id when the grant is of one name.
     one_token = "_request || CASE WHEN cardinality(_tokens) = 1 THEN ' ' || _tokens[1] ELSE '' END"
 
-    def bucket(name: str) -> str:
-        return f"(hashtextextended({name}, 0) & {BUCKETS - 1})::integer"
-
     def lock_names(names: str) -> str:
         return f"""
     IF cardinality({names}) = 1 THEN
-        PERFORM pg_advisory_xact_lock({key}, {bucket(f"{names}[1]")});
+        PERFORM pg_advisory_xact_lock({key}, {_bucket(f"{names}[1]")});
     ELSE
         PERFORM pg_advisory_xact_lock({key}, k.bucket)
-        FROM (SELECT DISTINCT {bucket("n")} AS bucket FROM unnest({names}) AS n ORDER BY 1) AS k;
+        FROM (SELECT DISTINCT {_bucket("n")} AS bucket FROM unnest({names}) AS n ORDER BY 1) AS k;
     END IF;"""
 
     # How the functions are planned (design note, "Cost").
-    planner = """LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
-SET enable_bitmapscan = off
-SET enable_seqscan = off"""
+    planner = "LANGUAGE plpgsql" + "".join(f"\nSET {key} = {value}" for key, value in _PLANNER)
     relax = """
     IF _relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
@@ -257,7 +278,7 @@ DECLARE
     _seq bigint;
 BEGIN
     {relax}
-    PERFORM pg_advisory_xact_lock({key}, {bucket("_name")});
+    PERFORM pg_advisory_xact_lock({key}, {_bucket("_name")});
     _now := date_part('epoch', clock_timestamp());
     {d.render(queries.TAKE_IDLE)}
     INTO _token;
@@ -329,7 +350,7 @@ BEGIN
             -- order, so only if free at once; otherwise the request decides for itself.
             IF NOT coalesce((
                 SELECT bool_and(pg_try_advisory_xact_lock({key}, k.bucket))
-                FROM (SELECT DISTINCT {bucket("n")} AS bucket
+                FROM (SELECT DISTINCT {_bucket("n")} AS bucket
                       FROM unnest(_names) AS n WHERE n <> ALL(_released) ORDER BY 1) AS k), true)
             THEN
                 {tell("_session", "_request")}

@@ -1,7 +1,10 @@
 """The PostgreSQL backend: the lock functions, the LISTEN thread.
 
-Acquire and release are one call each to the PL/pgSQL functions of
-`plpgsql` (one round trip); a release grants the waiters it lets in. It
+Acquire and release are one round trip each: on a name this store has not seen
+fought over, the name's advisory lock and one statement (`queries.TAKE_IDLE`,
+`queries.RELEASE_IDLE`) sent together; otherwise, or when that statement finds
+the name taken or waited for, a call of the PL/pgSQL functions of `plpgsql`,
+which run the whole algorithm. A release grants the waiters it lets in. It
 tells those of its own machine itself, after the commit, by a poke to their
 store's inbox (`inbox`), and the others are sent a NOTIFY on the channel of
 their store; changes that only let waiters look again notify a channel of
@@ -20,7 +23,7 @@ import threading
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from functools import cache
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from lockwarden import hooks
 from lockwarden.errors import StoreError
@@ -31,6 +34,7 @@ from lockwarden.store.backend import (
     TAG_LENGTH,
     AcquireRequest,
     Attempt,
+    FoughtOver,
     Opening,
     Params,
     Row,
@@ -39,7 +43,7 @@ from lockwarden.store.backend import (
     jittered,
 )
 from lockwarden.store.listener import Listener
-from lockwarden.store.pgconn import Connections, Prepared, TextArgs, TextRow, describe
+from lockwarden.store.pgconn import Connections, Prepared, Step, TextArgs, TextRow, describe
 from lockwarden.store.url import StoreURL, import_psycopg
 
 if TYPE_CHECKING:
@@ -93,8 +97,12 @@ class PostgresBackend(SQLBackend):
         self._connections = Connections(url)
         self.dialect = queries.postgres(url.schema)
         self.relaxed = relaxed
-        self._lock = _prepared(_LOCK, url.schema)
-        self._release_one = _prepared(_RELEASE_ONE, url.schema)
+        self._lock = _prepared(_LOCK.format(schema=url.schema))
+        self._release_one = _prepared(_RELEASE_ONE.format(schema=url.schema))
+        self._lock_name = _prepared(plpgsql.lock_name(url.schema))
+        self._take_idle_one = _prepared(_positional(self.dialect.render(queries.TAKE_IDLE)))
+        self._release_idle_one = _prepared(_positional(self.dialect.render(queries.RELEASE_IDLE)))
+        self._contended = FoughtOver()
         self._release_many = self.dialect.render(_RELEASE)
         self._relaxed = _BOOL[relaxed]
         near = inbox.near()
@@ -128,10 +136,17 @@ class PostgresBackend(SQLBackend):
         """Run ``work`` on a pooled connection, retried as `pgconn` says."""
         return self._connections.run(work, lambda: self.stats.add("retries"))
 
-    def _call(self, conn: Connection, statement: Prepared, args: TextArgs) -> TextRow:
-        """Call one of the lock functions: prepared, text in and out (`Connections.call`)."""
+    def _call(self, conn: Connection, *steps: Step) -> TextRow | None:
+        """Run hot-path statements in one round trip: prepared, text in and out
+        (`Connections.call`)."""
         self.stats.add("statements")
-        return self._connections.call(conn, statement, args)
+        return self._connections.call(conn, *steps)
+
+    def _name_lock(self, name: bytes) -> Step:
+        """The step that takes the advisory lock of ``name`` for the rest of a call's
+        transaction, as the functions do: the statements after it see everything
+        committed before it was granted."""
+        return self._lock_name, [name, self._relaxed]
 
     def _execute(self, conn: Connection, text: str, params: Params | None) -> list[Row]:
         self.stats.add("statements")
@@ -177,21 +192,35 @@ class PostgresBackend(SQLBackend):
         self.stats.add("attempts")
         if len(request.names) == 1:  # one name: a free one is granted by one insert
             name = request.names[0]
-            args = [
+            key = name.encode()
+            args: TextArgs = [
                 request.session_id.encode(),
                 request.request_id.encode(),
-                name.encode(),
+                key,
                 request.modes[0].encode(),
+            ]
+            # Plain statements where the name is likely free (no function called: "Cost"
+            # in the design note); `lw_lock` tries the same insert first anyway.
+            if not request.queued and name not in self._contended:
+                take = (self._take_idle_one, args)
+                taken = self._run(lambda conn: self._call(conn, self._name_lock(key), take))
+                if taken is not None:
+                    return Attempt("granted", {name: int(_value(taken[0]))})
+            args += [
                 _BOOL[request.enqueue],
                 _BOOL[request.refuse],
                 None if request.wait is None else repr(request.wait).encode(),
                 self._relaxed,
             ]
-            token, result = self._run(lambda conn: self._call(conn, self._lock, args))
+            row = self._run(lambda conn: self._call(conn, (self._lock, args)))
+            assert row is not None  # lw_lock returns a token or an outcome
+            token, result = row
             if token is not None:
-                return Attempt("granted", {name: int(token)})
-            assert result is not None  # lw_lock returns a token or an outcome
-            return Attempt.from_dict(json.loads(result))
+                found = Attempt("granted", {name: int(token)})
+            else:
+                found = Attempt.from_dict(json.loads(_value(result)))
+            self._contended.note(request.names, found.status != "granted")
+            return found
         rows = self.query(
             _ACQUIRE,
             {
@@ -208,6 +237,14 @@ class PostgresBackend(SQLBackend):
         return Attempt.from_dict(rows[0]["result"])
 
     def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
+        resent = False
+        if len(names) == 1 and names[0] not in self._contended:
+            released, resent = self._release_idle(session_id, request_id, names[0])
+            if released:
+                return 1
+            # Someone waits (or the lock was lost): as after a release that lets
+            # someone in, the name counts as fought over.
+            self._contended.note(names, True)
         sent = 0
 
         def work(conn: Connection) -> tuple[int, str | None]:
@@ -221,9 +258,10 @@ class PostgresBackend(SQLBackend):
                     self._relaxed,
                     self._near,
                 ]
-                count, pokes = self._call(conn, self._release_one, args)
-                assert count is not None  # lw_release returns how many it deleted
-                return int(count), None if pokes is None else pokes.decode()
+                row = self._call(conn, (self._release_one, args))
+                assert row is not None  # lw_release returns how many it deleted
+                count, pokes = row
+                return int(_value(count)), None if pokes is None else pokes.decode()
             params = {"session": session_id, "request": request_id, "names": list(names)}
             near = None if self._near is None else self._near.decode()
             rows = self._execute(
@@ -237,7 +275,24 @@ class PostgresBackend(SQLBackend):
         # A release resent after its connection dropped finds nothing when the
         # first one committed; it cannot tell that from a lock lost meanwhile,
         # and the first is by far the likelier, so it counts as released.
-        return len(names) if sent > 1 and deleted == 0 else deleted
+        return len(names) if (sent > 1 or resent) and deleted == 0 else deleted
+
+    def _release_idle(self, session_id: str, request_id: str, name: str) -> tuple[bool, bool]:
+        """`queries.RELEASE_IDLE` under the name's lock (a waiter queueing meanwhile is
+        seen): whether it released the name, and whether it was resent after its
+        connection dropped. If it did not (someone waits, nothing was held, or a first
+        sending committed), nothing changed and the full release decides."""
+        key = name.encode()
+        args: TextArgs = [session_id.encode(), request_id.encode(), key]
+        sent = 0
+
+        def work(conn: Connection) -> bool:
+            nonlocal sent
+            sent += 1
+            release = (self._release_idle_one, args)
+            return self._call(conn, self._name_lock(key), release) is not None
+
+        return self._run(work), sent > 1
 
     def _tell(self, pokes: str | None, resent: Sequence[str]) -> None:
         """Tell the waiters of this machine that a release let in what it did: ``pokes``,
@@ -356,10 +411,29 @@ _BOOL = {True: b"t", False: b"f"}
 """A boolean parameter of a prepared call, as text."""
 
 
-def _prepared(text: str, schema: str) -> Prepared:
-    """A hot-path statement of a schema, under a name that differs wherever its text does."""
-    body = text.format(schema=schema).encode()
+def _prepared(text: str) -> Prepared:
+    """A hot-path statement, under a name that differs wherever its text does."""
+    body = text.encode()
     return Prepared(b"lockwarden_" + hashlib.sha1(body).hexdigest()[:16].encode(), body)
+
+
+_POSITIONS: Final = ("session", "request", "name", "mode")
+"""The parameters of the plain hot-path statements, in the order a call passes them."""
+
+
+def _positional(text: str) -> str:
+    """A statement rendered for psycopg (``%(name)s``) with `_POSITIONS` as ``$1``, ``$2``, …
+    (text), for `Connections.call`."""
+    for number, param in enumerate(_POSITIONS, 1):
+        text = text.replace(f"%({param})s", f"${number}::text")
+    assert "%(" not in text, "every parameter has a position"
+    return text
+
+
+def _value(value: bytes | None) -> bytes:
+    """A value a hot-path statement never returns as NULL."""
+    assert value is not None
+    return value
 
 
 @cache
