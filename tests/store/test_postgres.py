@@ -793,6 +793,35 @@ def test_a_release_grants_nothing_to_a_session_closing_meanwhile(
             assert _holder_rows(pg_schema, "race") == [(nxt.id, after)]
 
 
+@pytest.mark.parametrize("sent", [False, True])
+def test_a_call_cut_short_while_sending_leaves_no_connection_in_pipeline_mode(
+    store: Store, sent: bool
+) -> None:
+    """A call interrupted while it was still sending, before anything went or before its
+    Sync (so the server never answers; given up once `pgconn.SETTLE` has passed), leaves
+    its connection out of libpq's pipeline mode, or closed: the store's next calls run.
+    (Left in pipeline mode, the connection went back to the pool looking idle, and the
+    next statement on it waited for an answer that never comes.)"""
+    connections = store._backend._connections  # type: ignore[attr-defined]
+
+    def cut_short(conn: Any) -> None:
+        def send() -> int:
+            if sent:
+                conn.pgconn.send_query_params(b"SELECT 1", None)
+            raise KeyboardInterrupt
+
+        connections._exchange(conn, send)
+
+    with pytest.raises(KeyboardInterrupt):
+        connections.run(cut_short, lambda: None)
+    found = Background(  # on the same (kept) connection, if it was kept
+        lambda: connections.run(
+            lambda conn: conn.execute("SELECT 1 AS one").fetchone(), lambda: None
+        )
+    )
+    assert found.result(timeout=5) == {"one": 1}
+
+
 def test_a_statement_whose_wait_is_interrupted_has_ended_when_the_caller_hears(
     store: Store, pg_schema: str
 ) -> None:

@@ -296,6 +296,11 @@ class Connections:
             return self._results(pgconn, syncs)
         except BaseException:
             self._settle(conn)
+            if pgconn.pipeline_status != self._psycopg.pq.PipelineStatus.OFF:
+                try:
+                    pgconn.exit_pipeline_mode()
+                except self._psycopg.OperationalError:  # results still due: unusable
+                    conn.close()  # (the pool replaces a closed connection)
             raise
 
     def _results(self, pgconn: Any, syncs: int) -> list[PGresult]:
@@ -338,8 +343,9 @@ class Connections:
         SystemExit, not the command line's stop signals; and the prepared calls do not
         go through it: `_exchange`.)
         """
-        pq, pgconn = self._psycopg.pq, conn.pgconn
-        if pgconn.pipeline_status == pq.PipelineStatus.OFF:  # nothing was sent
+        pgconn = conn.pgconn
+        # Not running (nothing sent, or all of it answered), or the connection is broken.
+        if pgconn.transaction_status != self._psycopg.pq.TransactionStatus.ACTIVE:
             return
         deadline = time.monotonic() + SETTLE
         poll = select.poll()
