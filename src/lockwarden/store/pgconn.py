@@ -269,16 +269,19 @@ class Connections:
                 pgconn.pipeline_sync()
             return len(steps)
 
+        ok = pq.ExecStatus.TUPLES_OK
         results = self._exchange(conn, execute)
-        if any(result.error_field(pq.DiagnosticField.SQLSTATE) == b"26000" for result in results):
+        if failed := [result for result in results if result.status != ok]:
+            # The first failure; the statements after it were skipped.
+            if failed[0].error_field(pq.DiagnosticField.SQLSTATE) != b"26000":
+                raise self._psycopg.errors.error_from_result(failed[0])
             for result in self._exchange(conn, prepare):
                 known = result.error_field(pq.DiagnosticField.SQLSTATE) == b"42P05"
                 if result.status != pq.ExecStatus.COMMAND_OK and not known:
                     raise self._psycopg.errors.error_from_result(result)
             results = self._exchange(conn, execute)
-        for result in results:  # the first failure; the statements after it were skipped
-            if result.status != pq.ExecStatus.TUPLES_OK:
-                raise self._psycopg.errors.error_from_result(result)
+            if failed := [result for result in results if result.status != ok]:
+                raise self._psycopg.errors.error_from_result(failed[0])
         last = results[-1]
         return tuple(last.get_value(0, i) for i in range(last.nfields)) if last.ntuples else None
 
@@ -315,9 +318,9 @@ class Connections:
         poll.modify(pgconn.socket, select.POLLIN)
         results: list[PGresult] = []
         while syncs:
-            pgconn.consume_input()
-            if pgconn.is_busy():
+            if pgconn.is_busy():  # read only when what came so far is used up
                 poll.poll()
+                pgconn.consume_input()
             elif (result := pgconn.get_result()) is None:  # between two statements' results
                 if pgconn.status == pq.ConnStatus.BAD:
                     raise self._psycopg.OperationalError("the connection broke")
