@@ -240,7 +240,7 @@ def test_a_poke_that_cannot_be_sent_rings_instead(
     """A waiter of this machine whose store's inbox cannot be reached (gone, or full) is
     rung after the release commits, as a waiter of another machine is."""
     store = lockwarden.connect(mysql_url)
-    monkeypatch.setattr(store._backend._outbox, "poke", lambda session, message: False)
+    monkeypatch.setattr(store._backend._outbox, "poke", lambda session, request, tokens: False)
     try:
         assert _granted_across_stores(mysql_url, store, "unpoked") == (1, 1)
     finally:

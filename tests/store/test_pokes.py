@@ -29,7 +29,7 @@ def test_a_lost_poke_is_made_up_for_by_the_waiter_looking(
     it, and tells the waiter nothing else. The waiter, granted without knowing, asks
     within `inbox.LOOK_EVERY` whether it was granted, and wakes holding the lock, with no
     attempt."""
-    monkeypatch.setattr(store._backend._outbox, "poke", lambda session, message: True)
+    monkeypatch.setattr(store._backend._outbox, "poke", lambda session, request, tokens: True)
     waiter = connect()
     with store.session(app_id="a", ttl=60) as a, waiter.session(app_id="b", ttl=60) as b:
         held = a.lock("lost")

@@ -196,7 +196,7 @@ def test_a_poke_that_cannot_be_sent_is_notified_instead(
 ) -> None:
     """A waiter of this machine whose store's inbox cannot be reached (gone, or full) is
     notified on its store's channel, as a waiter of another machine is."""
-    monkeypatch.setattr(store._backend._outbox, "poke", lambda session, message: False)
+    monkeypatch.setattr(store._backend._outbox, "poke", lambda session, request, tokens: False)
     notes = _granted_across_stores(pg_url, pg_schema, store, "unpoked")
     assert len(notes) == 1 and notes[0][0].startswith("lw_") and notes[0][1] == "<grant>"
 

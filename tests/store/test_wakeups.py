@@ -1,21 +1,53 @@
-"""Wake-ups in one process: by name and by request, none lost before a waiter subscribes."""
+"""Wake-ups in one process: by name and by request, none lost before a waiter subscribes.
+
+The contract of a subscription holds for both kinds a thread waits on: an event, and a
+mailbox it polls (`inbox.MailboxSubscription`, where releases of this machine poke it)."""
 
 from __future__ import annotations
 
+import secrets
 import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
+from lockwarden.store import inbox
 from lockwarden.store.wakeups import Subscription, Wakeups, message, read
+
+New = Callable[[frozenset[str], str], Subscription]
+
+
+@pytest.fixture(params=["event", "mailbox"])
+def new(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[New]:
+    """Makes a subscription of one kind; a mailbox is closed after the test."""
+    if request.param == "event":
+        yield Subscription
+        return
+    if not inbox.reachable():
+        pytest.skip("mailboxes live in Linux's abstract namespace")
+    # Addresses are the machine's: another run of these tests must not take the same ones.
+    named, salt = inbox._mailbox, secrets.token_hex(8)
+    monkeypatch.setattr(inbox, "_mailbox", lambda request_id: named(request_id + salt))
+    made: list[Subscription] = []
+
+    def open_one(names: frozenset[str], request_id: str) -> Subscription:
+        sub = inbox.MailboxSubscription.open(names, request_id)
+        assert isinstance(sub, inbox.MailboxSubscription)
+        made.append(sub)
+        return sub
+
+    yield open_one
+    for sub in made:
+        sub.close()
 
 
 def _wakeups() -> Wakeups:
     return Wakeups(lambda timeout: None)
 
 
-def test_a_grant_reaches_only_the_request_it_names() -> None:
+def test_a_grant_reaches_only_the_request_it_names(new: New) -> None:
     wakeups = _wakeups()
-    mine, other = Subscription(frozenset({"n"}), "r1"), Subscription(frozenset({"n"}), "r2")
+    mine, other = new(frozenset({"n"}), "r1"), new(frozenset({"n"}), "r2")
     for sub in (mine, other):
         wakeups.add(sub)
     wakeups.address("r1", (7,))
@@ -25,9 +57,9 @@ def test_a_grant_reaches_only_the_request_it_names() -> None:
     assert time.monotonic() - started >= 0.04
 
 
-def test_a_request_told_to_look_again_gets_no_tokens() -> None:
+def test_a_request_told_to_look_again_gets_no_tokens(new: New) -> None:
     wakeups = _wakeups()
-    sub = Subscription(frozenset({"n"}), "r1")
+    sub = new(frozenset({"n"}), "r1")
     wakeups.add(sub)
     wakeups.address("r1", None)
     started = time.monotonic()
@@ -35,45 +67,45 @@ def test_a_request_told_to_look_again_gets_no_tokens() -> None:
     assert time.monotonic() - started < 0.5  # woken at once
 
 
-def test_wake_ups_before_the_subscription_are_replayed_from_the_attempt_on() -> None:
+def test_wake_ups_before_the_subscription_are_replayed_from_the_attempt_on(new: New) -> None:
     """A waiter subscribes after its first attempt: what came for it since that attempt
     began is delivered when it subscribes; a name's wake-up from before is not."""
     wakeups = _wakeups()
     wakeups.wake(["old"])
     since = time.monotonic()
     wakeups.address("r1", (9,))
-    late = Subscription(frozenset({"n"}), "r1")
+    late = new(frozenset({"n"}), "r1")
     wakeups.add(late, since)
     assert late.wait(0) == (9,)
 
     wakeups.wake(["n"])
-    named = Subscription(frozenset({"n"}), "r2")
+    named = new(frozenset({"n"}), "r2")
     wakeups.add(named, since)
     started = time.monotonic()
     assert named.wait(1.0) is True
     assert time.monotonic() - started < 0.5  # woken by the replayed wake-up
 
-    stale = Subscription(frozenset({"old"}), "r3")
+    stale = new(frozenset({"old"}), "r3")
     wakeups.add(stale, since)
     started = time.monotonic()
     assert stale.wait(0.05) is False
     assert time.monotonic() - started >= 0.04  # "old" was woken before the attempt began
 
 
-def test_a_waiter_looks_again_if_wake_ups_may_have_been_missed() -> None:
+def test_a_waiter_looks_again_if_wake_ups_may_have_been_missed(new: New) -> None:
     wakeups = _wakeups()
     epoch = wakeups.epoch
     wakeups.wake_all()  # e.g. the listener (re)connected: notifications may be lost
-    sub = Subscription(frozenset({"n"}), "r1")
+    sub = new(frozenset({"n"}), "r1")
     wakeups.add(sub, time.monotonic(), epoch)
     started = time.monotonic()
     assert sub.wait(1.0) is True
     assert time.monotonic() - started < 0.5
 
 
-def test_removing_is_idempotent_and_forgets_the_request() -> None:
+def test_removing_is_idempotent_and_forgets_the_request(new: New) -> None:
     wakeups = _wakeups()
-    sub = Subscription(frozenset({"n"}), "r1")
+    sub = new(frozenset({"n"}), "r1")
     wakeups.add(sub)
     assert wakeups.waiting == 1
     wakeups.remove(sub)
@@ -101,19 +133,19 @@ def test_a_subscription_cut_short_by_ctrl_c_is_removed_all_the_same() -> None:
     assert wakeups.waiting == 0
 
 
-def test_the_first_waiter_looks_again_once_the_source_of_wake_ups_has_started() -> None:
+def test_the_first_waiter_looks_again_once_the_source_of_wake_ups_has_started(new: New) -> None:
     """Before the first wait of a store nothing listens to other processes: a release
     between that waiter's attempt and the start of the listener went unheard."""
     started: list[bool] = []
     wakeups = Wakeups(lambda timeout: started.append(True))
     epoch = wakeups.epoch  # read before the first attempt
-    sub = Subscription(frozenset({"n"}), "r1")
+    sub = new(frozenset({"n"}), "r1")
     wakeups.add(sub, time.monotonic(), epoch)
     assert started
     t0 = time.monotonic()
     assert sub.wait(1.0) is True
     assert time.monotonic() - t0 < 0.5
-    later = Subscription(frozenset({"n"}), "r2")
+    later = new(frozenset({"n"}), "r2")
     wakeups.add(later, time.monotonic(), wakeups.epoch)  # the source was running already
     t0 = time.monotonic()
     assert later.wait(0.05) is False

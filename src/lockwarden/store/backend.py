@@ -223,6 +223,10 @@ class Backend(ABC):
     relaxed: bool = False
     """Lock transactions commit without waiting for the disk (PostgreSQL and SQLite)."""
 
+    pokes: bool = False
+    """Releases of this machine may poke this store's waiters (`inbox`): a waiting thread
+    then reads a mailbox of its own (`inbox.MailboxSubscription`)."""
+
     look_every: float | None = None
     """How often (seconds) a waiter asks whether it was granted though nothing woke it,
     where a wake-up this backend sends can be lost (None: none can; `waiting._wait`)."""

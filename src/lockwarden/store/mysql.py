@@ -378,7 +378,7 @@ class MySQLBackend(SQLBackend):
         """The releases of this store poke the waiters whose sessions' identities begin so,
         and ring the others."""
         if self._near is not None:
-            self.look_every = inbox.LOOK_EVERY
+            self.pokes, self.look_every = True, inbox.LOOK_EVERY
         self._outbox = inbox.Outbox()
         self._closed = threading.Event()
         self._contended = FoughtOver()
@@ -387,9 +387,7 @@ class MySQLBackend(SQLBackend):
         self._knocks: queue.SimpleQueue[tuple[str, Params] | None] = queue.SimpleQueue()
         self._knocker: threading.Thread | None = None
         self._knocker_lock = threading.Lock()
-        self._listener = Listener(
-            self._tag, self._listen, "lockwarden-doorbell", pokes=self._near is not None
-        )
+        self._listener = Listener(self._tag, self._listen, "lockwarden-doorbell", pokes=self.pokes)
         self._migrate((), _STEPS, opening)
 
     def _connect(self) -> Connection:

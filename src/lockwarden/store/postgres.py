@@ -110,13 +110,11 @@ class PostgresBackend(SQLBackend):
         """`inbox.near`, as a prepared call's argument: the releases of this store poke the
         waiters whose sessions' identities begin so."""
         if self._near is not None:
-            self.look_every = inbox.LOOK_EVERY
+            self.pokes, self.look_every = True, inbox.LOOK_EVERY
         self._outbox = inbox.Outbox()
         self._closed = threading.Event()
         self._listening = threading.Event()
-        self._listener = Listener(
-            self._tag, self._listen, "lockwarden-listen", pokes=self._near is not None
-        )
+        self._listener = Listener(self._tag, self._listen, "lockwarden-listen", pokes=self.pokes)
         self._migrate(
             (f"CREATE SCHEMA IF NOT EXISTS {url.schema}",),
             plpgsql.steps(url.schema),

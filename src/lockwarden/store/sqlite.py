@@ -359,6 +359,7 @@ class SQLiteBackend(SQLBackend):
         for end in self._kicks:
             end.setblocking(False)
         self._inbox: socket.socket | None = None
+        self.pokes = inbox.reachable()
         self._outbox = inbox.Outbox()
         self._poller: threading.Thread | None = None
         self._poller_lock = threading.Lock()

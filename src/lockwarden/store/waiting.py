@@ -40,6 +40,7 @@ from lockwarden.errors import (
 from lockwarden.modes import Mode
 from lockwarden.store import process, queries
 from lockwarden.store.backend import AcquireRequest, Attempt, Backend, Row
+from lockwarden.store.inbox import MailboxSubscription
 from lockwarden.store.status import holder_of
 from lockwarden.store.validate import MAX_WAIT
 from lockwarden.store.wakeups import Subscription, Wakeups, Woken
@@ -120,9 +121,11 @@ class Driver(Generic[T]):
         self._value, self._error = value, error
 
 
-def run_sync(steps: Steps[T], wakeups: Wakeups) -> T:
-    """Drive ``steps`` in this thread."""
+def run_sync(steps: Steps[T], wakeups: Wakeups, *, pokes: bool = False) -> T:
+    """Drive ``steps`` in this thread; if releases may poke its waiters (``pokes``,
+    `Backend.pokes`), with a mailbox of its own while it waits."""
     driver = Driver(steps)
+    subscribe = MailboxSubscription.open if pokes else Subscription
     sub: Subscription | None = None
     try:
         while (step := driver.next_step()) is not None:
@@ -130,7 +133,7 @@ def run_sync(steps: Steps[T], wakeups: Wakeups) -> T:
                 if isinstance(step, Call):
                     driver.outcome(step.fn())
                 elif isinstance(step, Listen):
-                    sub = Subscription(step.names, step.request_id)
+                    sub = subscribe(step.names, step.request_id)
                     wakeups.add(sub, step.since, step.epoch, step.timeout)
                 elif step.woken and sub is not None:
                     driver.outcome(sub.wait(step.seconds))
@@ -141,6 +144,7 @@ def run_sync(steps: Steps[T], wakeups: Wakeups) -> T:
     finally:
         if sub is not None:
             wakeups.remove(sub)
+            sub.close()
     return driver.result
 
 
@@ -192,7 +196,7 @@ def acquire(backend: Backend, want: Want) -> Grant:
         _report_reclaim(first, names)
         return request_id, first.tokens
     steps = acquire_steps(backend, want, first=first, since=since, epoch=epoch)
-    return run_sync(steps, backend.wakeups)
+    return run_sync(steps, backend.wakeups, pokes=backend.pokes)
 
 
 def _report_reclaim(granted: Attempt, names: Sequence[str]) -> None:

@@ -74,6 +74,10 @@ class Subscription:
         self._event.wait(timeout)
         return self._woken()
 
+    def close(self) -> None:
+        """Let go of what the subscription holds once nobody waits on it (a mailbox:
+        `inbox.MailboxSubscription`)."""
+
     def _woken(self) -> Woken:
         # Cleared only if seen set: a wake-up that lands after the look stays for the
         # next wait, which then ends at once (a waiter told "nothing heard" waits on
