@@ -3,7 +3,9 @@ pokes the thread itself, not its store's listening thread, which would then wake
 
 from __future__ import annotations
 
+import errno
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +16,7 @@ import lockwarden
 from lockwarden.store import inbox
 from lockwarden.store.backend import TAG_LENGTH
 from lockwarden.store.validate import MAX_WAIT
+from lockwarden.store.wakeups import Subscription
 from tests.conftest import Background, wait_for
 
 pytestmark = pytest.mark.skipif(
@@ -68,6 +71,27 @@ def test_a_poke_for_a_request_without_a_mailbox_goes_to_its_stores_inbox(
     finally:
         box.close()
     assert not outbox.poke(_session(tag), request, None)  # neither is bound
+
+
+def test_a_thread_that_cannot_have_a_mailbox_waits_on_a_plain_subscription(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Out of file descriptors (or the name taken): the lock call goes on, its poke goes to
+    the store's inbox."""
+
+    def exhausted(*args: object) -> socket.socket:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(socket, "socket", exhausted)
+        sub = inbox.MailboxSubscription.open(frozenset({"n"}), _request())
+    assert type(sub) is Subscription
+    request = _request()
+    taken = inbox.MailboxSubscription.open(frozenset({"n"}), request)
+    try:
+        assert type(inbox.MailboxSubscription.open(frozenset({"n"}), request)) is Subscription
+    finally:
+        taken.close()
 
 
 def test_a_mailbox_is_not_named_by_its_request_id() -> None:

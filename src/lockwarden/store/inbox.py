@@ -76,11 +76,15 @@ def _mailbox(request_id: str) -> bytes | None:
 
 
 def _bind(address: bytes | None) -> socket.socket | None:
-    """A non-blocking datagram socket bound to ``address``; None if there is no address or
-    it is taken."""
+    """A non-blocking datagram socket bound to ``address``; None if there is no address, it
+    is taken, or no socket can be had (the process is out of file descriptors: its waiters
+    are then reached the other ways)."""
     if address is None:
         return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    except OSError:
+        return None
     try:
         sock.bind(address)
     except OSError:
