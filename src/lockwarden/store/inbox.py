@@ -172,8 +172,8 @@ class MailboxSubscription(Subscription):
     @classmethod
     def open(cls, names: frozenset[str], request_id: str) -> Subscription:
         """A subscription with a mailbox bound for ``request_id``, or, where none can be
-        (another platform, the name taken), a plain one: a poke then reaches the store's
-        inbox, and its listening thread wakes the waiter."""
+        (another platform, the name taken, no descriptor left), a plain one: a poke then
+        reaches the store's inbox, and its listening thread wakes the waiter."""
         mailbox = _bind(_mailbox(request_id))
         if mailbox is None:
             return Subscription(names, request_id)
