@@ -75,12 +75,10 @@ def _mailbox(request_id: str) -> bytes | None:
     return b"\0lockwarden-r-" + digest.encode()
 
 
-def _bind(address: bytes | None) -> socket.socket | None:
-    """A non-blocking datagram socket bound to ``address``; None if there is no address, it
-    is taken, or no socket can be had (the process is out of file descriptors: its waiters
-    are then reached the other ways)."""
-    if address is None:
-        return None
+def _bind(address: bytes) -> socket.socket | None:
+    """A non-blocking datagram socket bound to ``address``; None if it is taken, or no socket
+    can be had (the process is out of file descriptors: its waiters are then reached the
+    other ways)."""
     try:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     except OSError:
@@ -98,7 +96,8 @@ def open_inbox(tag: str) -> socket.socket | None:
     """The bound, non-blocking inbox of the store tagged ``tag``; None where there can be
     none (another platform, or the name taken: then only the backend's other ways reach
     its waiters)."""
-    return _bind(_address(tag))
+    address = _address(tag)
+    return None if address is None else _bind(address)
 
 
 def drain(ready: list[socket.socket]) -> Iterator[bytes]:
@@ -161,10 +160,14 @@ class MailboxSubscription(Subscription):
     `Subscription`: a ring only ends the poll.
     """
 
-    def __init__(self, names: frozenset[str], request_id: str, mailbox: socket.socket) -> None:
+    def __init__(
+        self, names: frozenset[str], request_id: str, mailbox: socket.socket, address: bytes
+    ) -> None:
         super().__init__(names, request_id)
         self._mailbox: socket.socket | None = mailbox
-        self._address = mailbox.getsockname()
+        self._address = address
+        self._poll = select.poll()
+        self._poll.register(mailbox, select.POLLIN)
         self._ring_lock = threading.Lock()
         """Held to ring and to close, so that a ring never goes to a descriptor the
         mailbox gave up (and the process reused meanwhile)."""
@@ -174,10 +177,11 @@ class MailboxSubscription(Subscription):
         """A subscription with a mailbox bound for ``request_id``, or, where none can be
         (another platform, the name taken, no descriptor left), a plain one: a poke then
         reaches the store's inbox, and its listening thread wakes the waiter."""
-        mailbox = _bind(_mailbox(request_id))
-        if mailbox is None:
+        address = _mailbox(request_id)
+        mailbox = None if address is None else _bind(address)
+        if address is None or mailbox is None:
             return Subscription(names, request_id)
-        return cls(names, request_id, mailbox)
+        return cls(names, request_id, mailbox, address)
 
     def notify(self) -> None:
         super().notify()
@@ -190,13 +194,11 @@ class MailboxSubscription(Subscription):
         deadline = None if timeout is None else time.monotonic() + timeout
         mailbox = self._mailbox
         assert mailbox is not None  # waited on only before `close`
-        poll = select.poll()
-        poll.register(mailbox, select.POLLIN)
         while not self._read(mailbox):
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 break
-            poll.poll(None if left is None else min(math.ceil(left * 1000), _LONGEST_POLL))
+            self._poll.poll(None if left is None else min(math.ceil(left * 1000), _LONGEST_POLL))
         return self._woken()
 
     def _read(self, mailbox: socket.socket) -> bool:
