@@ -1,8 +1,10 @@
-"""A waiting thread's mailbox (`inbox.MailboxSubscription`): a release of this machine
-pokes the thread itself, not its store's listening thread, which would then wake it."""
+"""A waiter's mailbox (`inbox.MailboxSubscription`, `aio.AsyncSubscription`): a release of
+this machine pokes the waiting thread or event loop itself, not its store's listening
+thread, which would then wake it."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import secrets
 import socket
@@ -13,7 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 import lockwarden
-from lockwarden.store import inbox
+from lockwarden.store import Session, Store, inbox
+from lockwarden.store.aio import AsyncSubscription
 from lockwarden.store.backend import TAG_LENGTH
 from lockwarden.store.validate import MAX_WAIT
 from lockwarden.store.wakeups import Subscription
@@ -56,7 +59,7 @@ def test_a_poke_reaches_the_waiting_thread_without_its_store_listening(
 def test_a_poke_for_a_request_without_a_mailbox_goes_to_its_stores_inbox(
     outbox: inbox.Outbox,
 ) -> None:
-    """An asyncio waiter, a thread that has not started waiting, an older client: its
+    """A waiter that has not started waiting, an older client: its
     store's listening thread reads the poke."""
     tag, request = secrets.token_hex(TAG_LENGTH // 2), _request()
     box = inbox.open_inbox(tag)
@@ -167,28 +170,128 @@ def test_a_wait_as_long_as_a_thread_can_wait_is_polled_in_parts() -> None:
         sub.close()
 
 
+def _spy(monkeypatch: pytest.MonkeyPatch, store: Store) -> tuple[list[str], list[str]]:
+    """What reaches ``store``'s waiters through its listening thread (`Wakeups.deliver`:
+    nothing is delivered), and what its waiters read from their mailboxes
+    (`Subscription.heard`), as they come."""
+    delivered: list[str] = []
+    heard: list[str] = []
+    monkeypatch.setattr(store._backend.wakeups, "deliver", delivered.append)
+    hear = Subscription.heard
+
+    def spying(sub: Subscription, message: str) -> None:
+        heard.append(message)
+        hear(sub, message)
+
+    monkeypatch.setattr(Subscription, "heard", spying)
+    return delivered, heard
+
+
 @pytest.mark.parametrize("backend", ["pg_url", "mysql_url", "sqlite_url"])
 def test_a_hand_off_pokes_the_waiting_thread_not_its_stores_listener(
     request: pytest.FixtureRequest, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The waiter's store (another store: the release pokes it) hears nothing through its
-    listening thread, and the waiter wakes holding the lock, without an attempt."""
+    listening thread, and the waiter's mailbox brings it its grant: it wakes holding the
+    lock, without an attempt."""
     url = request.getfixturevalue(backend)
     store, other = lockwarden.connect(url), lockwarden.connect(url)
-    heard: list[str] = []
-    monkeypatch.setattr(other._backend.wakeups, "deliver", heard.append)
+    delivered, heard = _spy(monkeypatch, other)
     try:
         with store.session(app_id="a") as a, other.session(app_id="b") as b:
             held = a.lock("mailbox")
             waiting = Background(lambda: b.lock("mailbox", timeout=30))
             wait_for(lambda: other._backend.wakeups.waiting, what="the waiter to wait")
-            attempts = other.stats["attempts"]
             held.release()
             lock = waiting.result(timeout=10)
-            assert other.stats["attempts"] == attempts
             assert [e.token for e in store.locks("mailbox")] == [lock.token]
-            assert heard == []
+            assert heard == [f"{lock.id} {lock.token}"]
+            assert delivered == []
             lock.release()
+    finally:
+        store.close()
+        other.close()
+
+
+# -- an asyncio task's mailbox, read by its event loop (`aio.AsyncSubscription`) -------
+
+
+def test_a_poke_reaches_a_waiting_task_through_its_event_loop(outbox: inbox.Outbox) -> None:
+    """The loop reads the mailbox: the grant arrives with no thread in between, and a
+    message for another request only makes the task look again."""
+
+    async def main() -> None:
+        request = _request()
+        sub = AsyncSubscription.open(frozenset({"n"}), request, pokes=True)
+        try:
+            assert outbox.poke(_session(secrets.token_hex(TAG_LENGTH // 2)), request, (7,))
+            assert await sub.wait_async(5.0) == (7,)
+            address = inbox._mailbox(request)
+            assert address is not None
+            outbox._socket.sendto(b"not-the-request 9", address)
+            assert await sub.wait_async(5.0) is True
+            assert await sub.wait_async(0.05) is False
+        finally:
+            sub.close()
+        # The mailbox is gone, and the loop no longer watches it.
+        assert not outbox.poke(_session(secrets.token_hex(TAG_LENGTH // 2)), request, None)
+
+    asyncio.run(main())
+
+
+def test_a_task_has_no_mailbox_where_releases_do_not_poke_or_the_loop_cannot_watch_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not every event loop can watch a socket (`add_reader`): the task's pokes then go
+    to its store's inbox, and no mailbox is left bound."""
+
+    async def main() -> None:
+        request = _request()
+        sub = AsyncSubscription.open(frozenset({"n"}), request, pokes=False)
+        assert sub._mailbox is None
+        loop = asyncio.get_running_loop()
+
+        def cannot(*args: object) -> None:
+            raise NotImplementedError
+
+        monkeypatch.setattr(loop, "add_reader", cannot)
+        sub = AsyncSubscription.open(frozenset({"n"}), request, pokes=True)
+        assert sub._mailbox is None
+        # The mailbox it bound was closed again: the name is free.
+        opened = inbox.open_mailbox(request)
+        assert opened is not None
+        opened[0].close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("backend", ["pg_url", "mysql_url", "sqlite_url"])
+def test_a_hand_off_pokes_the_waiting_task_not_its_stores_listener(
+    request: pytest.FixtureRequest, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As for a thread: the waiting task's store hears nothing through its listening
+    thread, the task's mailbox brings it its grant, and is closed once it holds it."""
+    url = request.getfixturevalue(backend)
+    store, other = lockwarden.connect(url), lockwarden.connect(url)
+    delivered, heard = _spy(monkeypatch, other)
+
+    async def main(a: Session, b: Session) -> None:
+        held = a.lock("mailbox")
+        waiting = asyncio.create_task(b.lock_async("mailbox", timeout=30))
+        while not other._backend.wakeups.waiting:
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(held.release)
+        lock = await asyncio.wait_for(waiting, 10)
+        assert [e.token for e in store.locks("mailbox")] == [lock.token]
+        assert heard == [f"{lock.id} {lock.token}"]
+        assert delivered == []
+        with open("/proc/net/unix") as sockets:
+            assert "lockwarden-r-" not in sockets.read()
+        lock.release()
+
+    try:
+        with store.session(app_id="a") as a, other.session(app_id="b") as b:
+            asyncio.run(main(a, b))
     finally:
         store.close()
         other.close()

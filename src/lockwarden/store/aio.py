@@ -10,12 +10,14 @@ clean-up removes whatever the request had stored.
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable, Coroutine, Generator
 from contextlib import suppress
 from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
+from lockwarden.store import inbox
 from lockwarden.store.waiting import Call, Driver, Listen, Steps
 from lockwarden.store.wakeups import Subscription, Wakeups, Woken
 
@@ -23,14 +25,54 @@ T = TypeVar("T")
 
 
 class AsyncSubscription(Subscription):
-    """A subscription waited on from an event loop; wake-ups arrive from other threads."""
+    """A subscription waited on from an event loop; wake-ups arrive from other threads,
+    and a release's poke, where the request has a mailbox (`inbox`), on the loop itself:
+    the loop reads the mailbox, so a grant wakes the task with no thread in between."""
 
     def __init__(
-        self, names: frozenset[str], request_id: str, loop: asyncio.AbstractEventLoop
+        self,
+        names: frozenset[str],
+        request_id: str,
+        loop: asyncio.AbstractEventLoop,
+        mailbox: socket.socket | None = None,
     ) -> None:
         super().__init__(names, request_id)
         self._loop = loop
         self._async_event = asyncio.Event()
+        self._mailbox = mailbox
+        if mailbox is not None:
+            loop.add_reader(mailbox, self._read)
+
+    @classmethod
+    def open(cls, names: frozenset[str], request_id: str, *, pokes: bool) -> AsyncSubscription:
+        """A subscription for the running loop; if releases may poke its waiters
+        (``pokes``, `Backend.pokes`), with a mailbox for ``request_id`` where one can be
+        had (`inbox.open_mailbox`) and the loop can watch a socket (not every event loop
+        can: then a poke goes to the store's inbox, as for a waiter with no mailbox)."""
+        loop = asyncio.get_running_loop()
+        opened = inbox.open_mailbox(request_id) if pokes else None
+        if opened is not None:
+            mailbox = opened[0]
+            try:
+                return cls(names, request_id, loop, mailbox)
+            except NotImplementedError:
+                mailbox.close()
+        return cls(names, request_id, loop)
+
+    def _read(self) -> None:
+        """The mailbox has something (called on the loop): take it in, and wake the task if
+        a wake-up is pending."""
+        assert self._mailbox is not None  # read only until `close`
+        inbox.read_mailbox(self._mailbox, self)
+        if self._event.is_set():
+            self._async_event.set()
+
+    def close(self) -> None:
+        """Stop reading the mailbox, and close it (on the loop)."""
+        if self._mailbox is not None:
+            self._loop.remove_reader(self._mailbox)
+            self._mailbox.close()
+            self._mailbox = None
 
     def notify(self) -> None:
         super().notify()
@@ -47,8 +89,9 @@ class AsyncSubscription(Subscription):
         return self._woken()
 
 
-async def run_async(steps: Steps[T], wakeups: Wakeups) -> T:
-    """Drive ``steps`` on the running event loop."""
+async def run_async(steps: Steps[T], wakeups: Wakeups, *, pokes: bool = False) -> T:
+    """Drive ``steps`` on the running event loop; if releases may poke its waiters
+    (``pokes``, `Backend.pokes`), with a mailbox of its own while it waits."""
     driver = Driver(steps)
     sub: AsyncSubscription | None = None
     try:
@@ -57,7 +100,7 @@ async def run_async(steps: Steps[T], wakeups: Wakeups) -> T:
                 if isinstance(step, Call):
                     driver.outcome(await _in_thread(step.fn))
                 elif isinstance(step, Listen):
-                    sub = AsyncSubscription(step.names, step.request_id, asyncio.get_running_loop())
+                    sub = AsyncSubscription.open(step.names, step.request_id, pokes=pokes)
                     # Starting the listener may wait for its connection: not on the loop.
                     await _in_thread(
                         partial(wakeups.add, sub, step.since, step.epoch, step.timeout)
@@ -71,6 +114,7 @@ async def run_async(steps: Steps[T], wakeups: Wakeups) -> T:
     finally:
         if sub is not None:
             wakeups.remove(sub)
+            sub.close()
     return driver.result
 
 

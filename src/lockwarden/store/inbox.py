@@ -8,14 +8,16 @@ while it waits (`MailboxSubscription`). A store that waits binds one more, its
 inbox, named by the random tag that ends every session id the store makes, read
 by the store's listening thread. A release that lets a waiter of this machine
 in sends ``"<request id> <token>"`` (granted that token) or the request id alone
-(attempt again) to the request's mailbox, or where there is none (an asyncio
-waiter, a thread not waiting yet, a client older than mailboxes) to its store's
-inbox: `Wakeups.deliver` reads either. The mailbox spares a hand-off one thread
-hop: the poke wakes the waiting thread itself, not a listening thread that then
-wakes it (store design note, "Waiting and wake-ups"). SQLite pokes every waiter
-this way; PostgreSQL and MySQL poke the waiters of the releaser's machine and
-reach the others by NOTIFY, resp. a doorbell. A poke is best effort: each
-backend says what covers one that is never sent.
+(attempt again) to the request's mailbox, or where there is none (a waiter not
+waiting yet, a client older than mailboxes) to its store's inbox:
+`Subscription.heard`, resp. `Wakeups.deliver`, reads either. An asyncio task
+that waits has a mailbox too, read by its event loop (`aio.AsyncSubscription`).
+The mailbox spares a hand-off one thread hop: the poke wakes the waiting thread
+(or loop) itself, not a listening thread that then wakes it (store design note,
+"Waiting and wake-ups"). SQLite pokes every waiter this way; PostgreSQL and
+MySQL poke the waiters of the releaser's machine and reach the others by
+NOTIFY, resp. a doorbell. A poke is best effort: each backend says what covers
+one that is never sent.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from contextlib import suppress
 from lockwarden.store import process
 from lockwarden.store.attempt import Told
 from lockwarden.store.backend import TAG_LENGTH
-from lockwarden.store.wakeups import Subscription, Tokens, Wakeups, Woken, message, read
+from lockwarden.store.wakeups import Subscription, Tokens, Wakeups, Woken, message
 
 LOOK_EVERY = 1.0
 """How often (seconds) a waiter that releases of this machine may poke asks whether it was
@@ -98,6 +100,24 @@ def open_inbox(tag: str) -> socket.socket | None:
     its waiters)."""
     address = _address(tag)
     return None if address is None else _bind(address)
+
+
+def open_mailbox(request_id: str) -> tuple[socket.socket, bytes] | None:
+    """The bound, non-blocking mailbox of request ``request_id``, and its address; None
+    where there can be none (another platform, the name taken, no descriptor left: a
+    poke then goes to the store's inbox)."""
+    address = _mailbox(request_id)
+    mailbox = None if address is None else _bind(address)
+    return None if address is None or mailbox is None else (mailbox, address)
+
+
+def read_mailbox(mailbox: socket.socket, sub: Subscription) -> None:
+    """Hand every poke waiting in ``mailbox`` to the subscription that waits on it
+    (`Subscription.heard`). An empty datagram is a ring: it only ends a poll, and the
+    subscription's flag says why."""
+    for data in drain([mailbox]):
+        if data:
+            sub.heard(data.decode(errors="replace"))
 
 
 def drain(ready: list[socket.socket]) -> Iterator[bytes]:
@@ -175,13 +195,12 @@ class MailboxSubscription(Subscription):
     @classmethod
     def open(cls, names: frozenset[str], request_id: str) -> Subscription:
         """A subscription with a mailbox bound for ``request_id``, or, where none can be
-        (another platform, the name taken, no descriptor left), a plain one: a poke then
-        reaches the store's inbox, and its listening thread wakes the waiter."""
-        address = _mailbox(request_id)
-        mailbox = None if address is None else _bind(address)
-        if address is None or mailbox is None:
+        (`open_mailbox`), a plain one: a poke then reaches the store's inbox, and its
+        listening thread wakes the waiter."""
+        opened = open_mailbox(request_id)
+        if opened is None:
             return Subscription(names, request_id)
-        return cls(names, request_id, mailbox, address)
+        return cls(names, request_id, *opened)
 
     def notify(self) -> None:
         super().notify()
@@ -203,12 +222,7 @@ class MailboxSubscription(Subscription):
 
     def _read(self, mailbox: socket.socket) -> bool:
         """Take in what the mailbox holds; whether a wake-up is pending (the event)."""
-        for data in drain([mailbox]):
-            if data:  # a poke (an empty datagram is a ring: the event says why)
-                request_id, tokens = read(data.decode(errors="replace"))
-                if tokens and request_id == self.request_id:
-                    self._tokens = tokens
-                self._event.set()  # any other message is at most a look again
+        read_mailbox(mailbox, self)
         return self._event.is_set()
 
     def close(self) -> None:

@@ -608,7 +608,11 @@ class Session:
 
         try:
             with _reporting(want):
-                granted = await run_async(acquire_steps(self._backend, want), self._backend.wakeups)
+                granted = await run_async(
+                    acquire_steps(self._backend, want),
+                    self._backend.wakeups,
+                    pokes=self._backend.pokes,
+                )
             return self._finish(granted, want, kind)
         except (LockError, asyncio.CancelledError):
             raise

@@ -68,6 +68,15 @@ class Subscription:
         self._tokens = tokens
         self.notify()
 
+    def heard(self, message: str) -> None:
+        """A `message` the waiter read itself, from its mailbox (`inbox`): its grant if it
+        is for this request and carries tokens, else at most a look again. Only the flag
+        is set: the waiter is awake already."""
+        request_id, tokens = read(message)
+        if tokens and request_id == self.request_id:
+            self._tokens = tokens
+        self._event.set()
+
     def wait(self, timeout: float | None) -> Woken:
         """Return when woken (or at once if woken since the last wait), or after ``timeout``;
         say which (`Woken`)."""
