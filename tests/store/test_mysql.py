@@ -141,7 +141,7 @@ def _granted_across_stores(mysql_url: str, releaser: Store, name: str) -> tuple[
         with mysql_admin() as conn, conn.cursor() as cur:
             cur.execute(
                 f"SELECT rings FROM {mysql_url.rsplit('/', 1)[1]}.lw_doorbells WHERE id = %s",
-                (waiter_store._backend._doorbell,),
+                (waiter_store._backend._tag,),
             )
             (rings,) = cur.fetchone()
         return rings, waiter_store.stats["attempts"] - attempts

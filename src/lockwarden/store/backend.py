@@ -294,7 +294,8 @@ class SQLBackend(Backend):
         super().__init__(url)
         self._tag = random_hex(TAG_LENGTH // 2)
         """Ends every session id this store makes: a release routes the wake-up of a
-        waiter of this store by it (`inbox`; PostgreSQL's grant channel)."""
+        waiter of this store by it (`inbox`; PostgreSQL's grant channel; the id of
+        MySQL's doorbell row)."""
 
     def new_session_id(self) -> str:
         """Random, and ending with this store's tag (`_tag`)."""

@@ -53,7 +53,6 @@ from lockwarden.store.backend import (
     Run,
     SQLBackend,
     jittered,
-    random_hex,
 )
 from lockwarden.store.listener import Listener
 from lockwarden.store.pgconn import RETRY_DELAYS
@@ -373,7 +372,6 @@ class MySQLBackend(SQLBackend):
         self._driver = _import_driver()
         self._options = mysql_options(url.target)
         self._pool: Pool[Connection] = Pool(self._connect, _close)
-        self._doorbell = random_hex(16)
         self._near = inbox.near()
         """The releases of this store poke the waiters whose sessions' identities begin so,
         and ring the others."""
@@ -697,7 +695,7 @@ class MySQLBackend(SQLBackend):
         self.stats.add("statements")
         text = self.dialect.render(_RING.format(who=who))
         with conn.cursor() as cur:
-            rung: int = cur.execute(text, _bound({**params, "me": self._doorbell}))
+            rung: int = cur.execute(text, _bound({**params, "me": self._tag}))
         return rung
 
     def _ring_far_and_commit(self, conn: Connection, sessions: list[str]) -> tuple[int, set[str]]:
@@ -705,7 +703,7 @@ class MySQLBackend(SQLBackend):
         of ``sessions`` are of this machine (to be poked once committed), and commit the
         transaction on ``conn``, in one round trip: how many rang, and those sessions."""
         self.stats.add("statements")
-        params = {"sessions": sessions, "near": self._near, "me": self._doorbell}
+        params = {"sessions": sessions, "near": self._near, "me": self._tag}
         near = self._near is not None
         with conn.cursor() as cur:
             rung: int = cur.execute(_RING_TOLD_NEAR if near else _RING_TOLD_ALL, _bound(params))
@@ -745,7 +743,7 @@ class MySQLBackend(SQLBackend):
                 self.stats.add("rings_unheard")
 
     def _knock_now(self, who: str, params: Params) -> None:
-        bound = {**params, "me": self._doorbell}
+        bound = {**params, "me": self._tag}
         for row in self.query(_LISTENING.format(who=who), bound):
             try:
                 self.query(f"KILL QUERY {int(row['conn_id'])}")
@@ -761,7 +759,7 @@ class MySQLBackend(SQLBackend):
         self._listener.start(timeout)
 
     def _listen(self) -> None:
-        me = {"me": self._doorbell}
+        me = {"me": self._tag}
         failures = 0
         while not self._closed.is_set():
             try:
@@ -803,7 +801,7 @@ class MySQLBackend(SQLBackend):
         read it), handing on meanwhile each poke that reaches the inbox. Returns the ring
         count, or None if the sleep was cut short unread."""
         self.stats.add("statements")
-        params = {"me": self._doorbell, "seen": -1 if seen is None else seen, "nap": _NAP}
+        params = {"me": self._tag, "seen": -1 if seen is None else seen, "nap": _NAP}
         with conn.cursor() as cur:
             text: str = cur.mogrify(DIALECT.render(_DOORBELL_LISTEN), params)
         conn.send_query(text.encode())
@@ -840,7 +838,7 @@ class MySQLBackend(SQLBackend):
         self._listener.close(timeout=5.0)
         if started:
             with suppress(StoreError):  # the server is gone: the row stays, never rung
-                self.query(_DOORBELL_REMOVE, {"me": self._doorbell})
+                self.query(_DOORBELL_REMOVE, {"me": self._tag})
         self._pool.close()
         self._outbox.close()
 
