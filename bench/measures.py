@@ -95,6 +95,10 @@ class Plan:
     counted_pairs: int = 50
 
 
+_WARM_AGAIN = 1.0
+"""Seconds before the clock at which a contender that sat quiet warms up again."""
+
+
 QUICK = Plan(
     batch_seconds=0.03,
     repeat=3,
@@ -524,19 +528,33 @@ def _contended(key: str, env: Env, plan: Plan, *, idle: int, quiet: float) -> di
 
 
 def _throughput_worker(
-    subject: Subject, start: Callable[[], float], *, name: str, seconds: float, counter: Any
+    subject: Subject,
+    start: Callable[[], float],
+    *,
+    name: str,
+    seconds: float,
+    counter: Any,
+    quiet: float = 0.0,
 ) -> tuple[int, dict[str, int], list[float]]:
-    """Loop on the lock until the time is up: how many acquisitions, what they cost by
-    the subject's own counters, and how long each acquire waited (seconds).
+    """Loop on the lock until the time is up, from ``quiet`` seconds after every process
+    is set up: how many acquisitions, what they cost by the subject's own counters, and
+    how long each acquire waited (seconds).
 
-    First a lock of its own, taken and released before the clock starts: what the
-    first use of a connection costs (the server's first run of the lock functions,
-    prepared statements) is paid once per process, and would count more the more
-    processes share the few seconds measured.
+    First `Subject.warm_up`, before the clock starts: what the first use of a
+    connection costs (the server's first run of the lock functions, prepared
+    statements) and what the first wait sets up (lockwarden's wake-ups: a LISTEN
+    connection) is paid once per process, and would count more the more processes
+    share the few seconds measured. After a quiet time, again just before the clock
+    (lockwarden stops its wake-ups after 10 s without a waiter).
     """
-    subject.acquire(f"{name}/warm/{os.getpid()}")
-    subject.release()
-    deadline = start() + seconds
+    warm = f"{name}/warm/{os.getpid()}"
+    subject.warm_up(warm)
+    begin = start() + quiet
+    if quiet:
+        time.sleep(max(0.0, begin - _WARM_AGAIN - perf()))
+        subject.warm_up(warm)
+        time.sleep(max(0.0, begin - perf()))
+    deadline = begin + seconds
     before = subject.counters()
     done = 0
     waits: list[float] = []
@@ -627,26 +645,11 @@ def _contended_process(
     seconds. A neighbour (``idle``): its store waits once (for a lock another of its
     sessions holds), then it sits idle until the contenders are done."""
     if not idle:
-
-        def later() -> float:
-            begin = start() + quiet
-            time.sleep(max(0.0, begin - perf()))
-            return begin
-
-        return _throughput_worker(subject, later, name=name, seconds=seconds, counter=counter)
-    assert isinstance(subject, Lockwarden)
-    import lockwarden  # noqa: PLC0415  (only lockwarden subjects run this measure)
-
-    gate = f"{name}/gate/{os.getpid()}"
-    with subject.store.session(app_id="bench-gate") as other:
-        held = other.lock(gate)
-        try:
-            subject.session.lock(gate, timeout=0.05)
-        except lockwarden.LockTimeout:
-            pass
-        else:
-            raise RuntimeError("the neighbour found its gate free: it did not wait")
-        held.release()
+        return _throughput_worker(
+            subject, start, name=name, seconds=seconds, counter=counter, quiet=quiet
+        )
+    assert isinstance(subject, Lockwarden)  # only lockwarden subjects run this measure
+    subject.wait_once(f"{name}/gate/{os.getpid()}")
     begin = start()
     time.sleep(max(0.0, begin + quiet + seconds + 1.0 - perf()))
     return None

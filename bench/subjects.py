@@ -129,6 +129,13 @@ class Subject(ABC):
     def teardown(self) -> None:  # noqa: B027
         """Close what setup opened."""
 
+    def warm_up(self, name: str) -> None:
+        """Pay what a process's first lock and first wait cost, before a measure's clock
+        starts: take and release the lock ``name`` (its own). A subject whose first wait
+        sets something up (a connection to be told on) waits once too."""
+        self.acquire(name)
+        self.release()
+
     def counters(self) -> dict[str, int]:
         """The subject's own statement counters, if it keeps any."""
         return {}
@@ -192,6 +199,27 @@ class Lockwarden(Subject):
 
     def teardown(self) -> None:
         self.store.close()
+
+    def warm_up(self, name: str) -> None:
+        """Also wait once, so that the store's wake-ups (PostgreSQL's LISTEN connection,
+        MySQL's doorbell, SQLite's poller) run before the clock, as the hand-off floor's
+        LISTEN connection is opened in its setup."""
+        super().warm_up(name)
+        self.wait_once(f"{name}/gate")
+
+    def wait_once(self, gate: str) -> None:
+        """Wait for the lock ``gate`` (briefly: another session of the store holds it)."""
+        import lockwarden  # noqa: PLC0415
+
+        with self.store.session(app_id="bench-gate") as other:
+            held = other.lock(gate)
+            try:
+                self.session.lock(gate, timeout=0.05)
+            except lockwarden.LockTimeout:
+                pass
+            else:
+                raise RuntimeError(f"{gate} was free: the store did not wait")
+            held.release()
 
     def counters(self) -> dict[str, int]:
         stats = self.store.stats
