@@ -1,13 +1,15 @@
-"""The thread that brings a database server's wake-ups to a store's waiters.
+"""The thread that brings a database's wake-ups to a store's waiters.
 
-PostgreSQL (its LISTEN connection) and MySQL (its doorbell) each keep one thread
-per waiting store, which reads that source and the store's inbox (`inbox`) and
-hands each message to the waiters it concerns (`Wakeups`). What the two share
-is here: the thread starts at the store's first wait, with the inbox bound
-before it, so that a poke sent after the waiter's first attempt waits to be
-read; that wait lasts until the source has been tried, and no longer than the
-waiter's time left; a thread that stops leaves the next wait to start another.
-How the thread reads its source, and when it stops, is each backend's.
+PostgreSQL (its LISTEN connection), MySQL (its doorbell) and SQLite (its
+``data_version`` poller) each keep one thread per waiting store, which reads
+that source and the store's inbox (`inbox`) and hands each message to the
+waiters it concerns (`Wakeups`). What the three share is here: the thread
+starts at the store's first wait, with the inbox bound before it, so that a
+poke sent after the waiter's first attempt waits to be read; that wait lasts
+until the source has been tried (SQLite's file at once), and no longer than
+the waiter's time left; a thread that stops leaves the next wait to start
+another. How the thread reads its source, and when it stops (SQLite's never
+does before its store closes), is each backend's.
 """
 
 from __future__ import annotations

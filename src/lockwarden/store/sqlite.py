@@ -46,6 +46,7 @@ from lockwarden.store.backend import (
     Run,
     SQLBackend,
 )
+from lockwarden.store.listener import Listener
 from lockwarden.store.url import StoreURL
 
 T = TypeVar("T")
@@ -358,11 +359,9 @@ class SQLiteBackend(SQLBackend):
         self._kicks = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         for end in self._kicks:
             end.setblocking(False)
-        self._inbox: socket.socket | None = None
         self.pokes = inbox.reachable()
         self._outbox = inbox.Outbox()
-        self._poller: threading.Thread | None = None
-        self._poller_lock = threading.Lock()
+        self._listener = Listener(self._tag, self._poll, "lockwarden-sqlite-poll", pokes=self.pokes)
         self._contended = FoughtOver()
         """Names to acquire without trying `TAKE_IDLE` first: it takes the write lock only
         to find a name fought over taken, and the full attempt then takes it again (under
@@ -554,13 +553,7 @@ class SQLiteBackend(SQLBackend):
         inbox.tell(told, self._tag, self.wakeups, self._outbox)
 
     def _watch(self, timeout: float | None) -> None:
-        with self._poller_lock:
-            if self._poller is None:
-                self._inbox = inbox.open_inbox(self._tag)
-                self._poller = threading.Thread(
-                    target=self._poll, name="lockwarden-sqlite-poll", daemon=True
-                )
-                self._poller.start()
+        self._listener.start(timeout)
         self._kick()  # someone starts waiting: poll briskly again
 
     def _kick(self) -> None:
@@ -571,8 +564,10 @@ class SQLiteBackend(SQLBackend):
         conn: sqlite3.Connection | None = None
         version = None
         interval = POLL_MIN
-        sources = [self._kicks[0], *([self._inbox] if self._inbox is not None else [])]
-        net = 0.0 if self._inbox is None else SAFETY_NET  # without pokes, the poller is all
+        box = self._listener.inbox
+        sources = [self._kicks[0], *([box] if box is not None else [])]
+        net = 0.0 if box is None else SAFETY_NET  # without pokes, the poller is all
+        self._listener.tried.set()  # the file is there to poll: in force at once
         unanswered = False  # a change seen, and not yet answered by waking every waiter
         answered_at = -net
         while not self._closed.is_set():
@@ -609,12 +604,10 @@ class SQLiteBackend(SQLBackend):
     def close(self) -> None:
         self._closed.set()
         self._kick()
-        if self._poller is not None:
-            self._poller.join(timeout=1.0)
+        self._listener.close(timeout=1.0)
         self._pool.close()
         self._relaxed_pool.close()
         self._writing.close()
         self._outbox.close()
-        for sock in (*self._kicks, self._inbox):
-            if sock is not None:
-                sock.close()
+        for sock in self._kicks:
+            sock.close()
