@@ -187,6 +187,16 @@ def _spy(monkeypatch: pytest.MonkeyPatch, store: Store) -> tuple[list[str], list
     return delivered, heard
 
 
+def _listening(holder: Session, waiter: Session) -> None:
+    """Start the wake-ups of ``waiter``'s store by one wait that times out. A store's first
+    wait looks again once its wake-ups are in force (one might have been missed), and
+    that look could find a grant before its poke is read."""
+    held = holder.lock("gate")
+    with pytest.raises(lockwarden.LockTimeout):
+        waiter.lock("gate", timeout=0.05)
+    held.release()
+
+
 @pytest.mark.parametrize("backend", ["pg_url", "mysql_url", "sqlite_url"])
 def test_a_hand_off_pokes_the_waiting_thread_not_its_stores_listener(
     request: pytest.FixtureRequest, backend: str, monkeypatch: pytest.MonkeyPatch
@@ -199,6 +209,7 @@ def test_a_hand_off_pokes_the_waiting_thread_not_its_stores_listener(
     delivered, heard = _spy(monkeypatch, other)
     try:
         with store.session(app_id="a") as a, other.session(app_id="b") as b:
+            _listening(a, b)
             held = a.lock("mailbox")
             waiting = Background(lambda: b.lock("mailbox", timeout=30))
             wait_for(lambda: other._backend.wakeups.waiting, what="the waiter to wait")
@@ -297,6 +308,7 @@ def test_a_hand_off_pokes_the_waiting_task_not_its_stores_listener(
 
     try:
         with store.session(app_id="a") as a, other.session(app_id="b") as b:
+            _listening(a, b)
             asyncio.run(main(a, b))
     finally:
         store.close()
