@@ -17,12 +17,11 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import lockwarden
+from chaos.proxy import Proxy
 from lockwarden import LockTimeout, NotHeld, StoreError
 from lockwarden.store import pgconn
 from lockwarden.store.postgres import PostgresBackend
 from tests.conftest import PG, Background, open_connections, pg_admin, wait_for
-
-from .proxy import Proxy
 
 pytestmark = pytest.mark.slow
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from lockwarden import LockError, hooks
 from lockwarden.cli.terminal import printable
 
 if TYPE_CHECKING:
@@ -115,6 +116,8 @@ def open_store(url: str, *, create: bool) -> Iterator[Store]:
     """
     import lockwarden  # noqa: PLC0415  (the store's import is what `--version` must not pay)
 
+    if not _is_sqlite(url):  # its driver logs: shown as lockwarden's own lines from the start
+        hooks.logger("lockwarden")
     try:
         store = lockwarden.connect(url, max_hold=None, create=create)
     except lockwarden.LockError as exc:
@@ -123,3 +126,13 @@ def open_store(url: str, *, create: bool) -> Iterator[Store]:
         yield store
     finally:
         store.close()
+
+
+def _is_sqlite(url: str) -> bool:
+    """Whether ``url`` names a SQLite file (whose store logs nothing a driver says)."""
+    from lockwarden.store.url import parse_url  # noqa: PLC0415  (as `connect` would)
+
+    try:
+        return parse_url(url).backend == "sqlite"
+    except LockError:  # `connect` says what is wrong with it
+        return True

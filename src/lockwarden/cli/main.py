@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Sequence
 from functools import partial
 from types import ModuleType
-from typing import NoReturn, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from lockwarden import LockError, LockLost, LockUsageError, __version__, hooks
 from lockwarden.cli.common import (
@@ -39,6 +39,9 @@ from lockwarden.cli.common import (
     database_url,
 )
 from lockwarden.cli.terminal import say
+
+if TYPE_CHECKING:
+    import logging
 
 __all__ = ["main", "parser"]
 
@@ -532,7 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # What the store logs (a heartbeat retried while the database is away)
         # is worth seeing during a long run: as one line each, like the rest.
         # Set up only if something is logged: importing logging costs every start.
-        hooks.on_first_log(partial(_show_logs, verbose=args.verbose))
+        hooks.on_first_log(partial(_show_logs, verbose=args.verbose, as_json=args.json))
         module, _, function = args.handler.partition(":")
         handler = getattr(importlib.import_module(module), function)
         url = database_url(getattr(args, "db", None)) if module != _GENERATE else ""
@@ -561,11 +564,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
 
-def _show_logs(logging: ModuleType, *, verbose: bool) -> None:
-    """Show the store's log records on stderr, one ``lockwarden:`` line each (INFO with
-    --verbose: the administrators' overrides too)."""
-    level = logging.INFO if verbose else logging.WARNING
-    logging.basicConfig(format="lockwarden: %(message)s", level=level)
+def _show_logs(logging: ModuleType, *, verbose: bool, as_json: bool) -> None:
+    """Show log records on stderr as lockwarden's own lines, one each (`say`): WARNING and
+    above, INFO with --verbose (the administrators' overrides, a heartbeat back).
+
+    A driver's message often spans lines, and a connection pool reconnecting says
+    so at every try; lockwarden's own line already names the cause once. So the
+    drivers' records below ERROR are shown only with --verbose, and every record,
+    its exception included, is folded into one line.
+    """
+
+    handler = logging.Handler()
+    handler.emit = partial(_say_record, as_json=as_json)  # a Handler's one method to provide
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
+    if not verbose:
+        for driver in ("psycopg", "urllib3", "requests"):
+            logging.getLogger(driver).setLevel(logging.ERROR)
+
+
+def _say_record(record: logging.LogRecord, *, as_json: bool) -> None:
+    """One log record as one of lockwarden's lines, its exception (if any) folded in."""
+    message = record.getMessage()
+    if record.exc_info and record.exc_info[1] is not None:
+        exc = record.exc_info[1]
+        message = f"{message}: {type(exc).__name__}: {exc}"
+    say(message, as_json=as_json)
 
 
 _GENERATE = "lockwarden.cli.generate"

@@ -1,10 +1,17 @@
 """`lockwarden run NAME -- CMD`: hold a shared lock while a command runs.
 
 The lock is taken before CMD starts and released after CMD ends, whatever
-ended it. While CMD runs, three things watch over the lock:
+ended it. While CMD runs, four things watch over the lock:
 
-- the store's heartbeat keeps the session alive and calls ``on_lost`` when
-  the session dies (a heartbeat too late, the database gone for a TTL);
+- the store's heartbeat keeps the session alive, and its lease timer calls
+  ``on_lost`` when the lease runs out on this host's clock (no heartbeat
+  confirmed in time: the database unreachable, or partitioned away) or the
+  database says the session is gone;
+- a lease guard (`_guard_lease`), which never waits on the database, stops
+  CMD once the lease is at risk: SIGTERM when no more than ``--kill-after``
+  (at most a quarter of the TTL) is left of it, SIGKILL when it runs out,
+  so that CMD has ended before the database can grant the lock to anyone
+  else (docs/operators.md, "Partitions");
 - a checker asks the database every TTL/3 whether the lock is still held:
   ``lockwarden break`` removes the lock but leaves the session alive, so the
   heartbeat alone would never notice;
@@ -12,15 +19,17 @@ ended it. While CMD runs, three things watch over the lock:
   killer): nobody would be left to stop it when its lock, no longer
   heartbeating, passes to the next runner after the TTL.
 
-A lost lock stops CMD (SIGTERM, then SIGKILL after ``--kill-after``) and
-makes the exit status 70, so the operator learns that CMD's work may have
-overlapped with the next holder's.
+A lost lock stops CMD (SIGTERM, then SIGKILL after ``--kill-after``, or
+sooner as the lease runs out) and makes the exit status 70, whatever the
+release does afterwards, so the operator learns that CMD's work was cut
+short, or may have overlapped with the next holder's.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import select
 import signal
@@ -43,6 +52,7 @@ from lockwarden.cli.common import (
 )
 from lockwarden.cli.progress import Progress
 from lockwarden.cli.terminal import say
+from lockwarden.store.lease import MARGIN as LEASE_MARGIN
 
 if TYPE_CHECKING:
     from lockwarden.store import HeldLock, Session, Store
@@ -52,6 +62,11 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 KEYBOARD = (signal.SIGINT, signal.SIGQUIT)
 """Signals a terminal sends to its whole foreground process group (Ctrl-C, Ctrl-\\)."""
+
+TERM_BEFORE = 0.25
+"""The most (a fraction of the TTL) of a lease at risk that CMD gets between SIGTERM and
+the SIGKILL due when the lease runs out: ``--kill-after`` is capped at it. A quarter leaves
+a heartbeat that is due (every TTL/3) time to be confirmed before CMD is stopped."""
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -81,7 +96,9 @@ class Job:
 
     def __init__(self, argv: list[str], kill_after: float) -> None:
         self.argv = argv
-        self._kill_after = kill_after
+        self.kill_after = kill_after
+        self.lease_end: Callable[[], float] = lambda: math.inf
+        """When (``time.monotonic``) the lease runs out: CMD is killed by then (`_hold`)."""
         self._proc: subprocess.Popen[bytes] | None = None
         self._armed = False
         self._pending: list[int] = []
@@ -157,17 +174,33 @@ class Job:
             self._terminate()
 
     def _terminate(self) -> None:
+        if self.lease_end() <= time.monotonic():  # the lock may be someone else's already
+            self.stopped = (
+                "CMD was sent SIGKILL at once, the lease having run out"
+                if self._send(signal.SIGKILL)
+                else "CMD had already ended"
+            )
+            return
         if not self._send(signal.SIGTERM):
             self.stopped = "CMD had already ended"
             return
         self.stopped = "CMD was sent SIGTERM"
-        killer = threading.Timer(self._kill_after, self._kill)
-        killer.daemon = True  # if CMD ends in time, the process exits without waiting for it
-        killer.start()
+        # A daemon: if CMD ends in time, the process exits without waiting for it.
+        threading.Thread(
+            target=self._kill, args=(time.monotonic(),), name="lockwarden-kill", daemon=True
+        ).start()
 
-    def _kill(self) -> None:
+    def _kill(self, termed: float) -> None:
+        """SIGKILL CMD ``--kill-after`` seconds after SIGTERM, or as the lease runs out if
+        that comes first: CMD must have ended before the lock can pass on."""
+        while (due := min(termed + self.kill_after, self.lease_end())) > time.monotonic():
+            time.sleep(due - time.monotonic())  # a lease end only moves later: look again
+        early = due < termed + self.kill_after
         if self._send(signal.SIGKILL):
-            self.stopped = f"CMD was sent SIGTERM, then SIGKILL after {self._kill_after:g} s"
+            self.stopped = (
+                f"CMD was sent SIGTERM, then SIGKILL after {round(due - termed, 1):g} s"
+                + " as the lease ran out" * early
+            )
 
     def _send(self, signum: int) -> bool:
         """Signal CMD from any thread but the handler's; False if CMD has been reaped."""
@@ -340,42 +373,70 @@ def _hold(held: HeldLock, job: Job, args: argparse.Namespace) -> int:
         raise CliError(EX_NOEXEC, f"cannot run {job.argv[0]!r}: permission denied") from exc
     except (OSError, subprocess.SubprocessError) as exc:
         raise CliError(EX_NOEXEC, f"cannot run {job.argv[0]!r}: {exc}") from exc
+    session = held.session
+    job.lease_end = lambda: time.monotonic() + session.lease_left
     done = threading.Event()
-    checker = threading.Thread(
-        target=_check, args=(held, job, done), name="lockwarden-check", daemon=True
-    )
-    checker.start()
+    watchers = [
+        threading.Thread(target=target, args=(held, job, done), name=name, daemon=True)
+        for target, name in ((_check, "lockwarden-check"), (_guard_lease, "lockwarden-lease-guard"))
+    ]
+    for watcher in watchers:
+        watcher.start()
     try:
         status = job.wait()
     finally:
         done.set()
-        checker.join()
+        for watcher in watchers:
+            watcher.join()
     what = f"{held.mode.word} lock on {held.name!r} (token {held.token})"
-    try:
-        held.release()
-    except LockLost as exc:  # lost after the last check: CMD's end may have run unprotected
-        job.stop(str(exc))
-    except LockError as exc:
-        # CMD ran to its end under the lock; only the release failed (the
-        # database unreachable). The status is CMD's: a caller that retries on
-        # failure must not run CMD's work twice. The lock is not held by
-        # anyone live: it passes on at most a TTL after the last heartbeat.
-        say(
-            f"CMD exited with status {status}, but releasing the {what} failed: {exc}; it "
-            f"passes to the next holder at most {held.session.ttl:g} s from now",
-            as_json=args.json,
-        )
-        return status
+    if job.lost is None:
+        try:
+            held.release()
+        except LockLost as exc:  # lost after the last check: CMD's end may have run unprotected
+            job.stop(str(exc))
+        except LockError as exc:
+            # CMD ran to its end under the lock; only the release failed (the
+            # database unreachable). The status is CMD's: a caller that retries on
+            # failure must not run CMD's work twice. The lock is not held by
+            # anyone live: the database lets it go a TTL after the last heartbeat.
+            say(
+                f"CMD exited with status {status}, but releasing the {what} failed: {exc}; "
+                f"the database lets it go {session.ttl:g} s (the TTL) after this "
+                "session's last heartbeat",
+                as_json=args.json,
+            )
+            return status
     if job.lost is not None:
         say(
             f"lost the {what} while CMD ran, and {job.stopped}: {job.lost}",
             status=EX_SOFTWARE,
             as_json=args.json,
         )
+        with contextlib.suppress(LockError):  # what is left of it: nothing that counts
+            held.release()
         return EX_SOFTWARE
     if args.verbose:
         say(f"released the {what}; CMD exited with status {status}")
     return status
+
+
+def _guard_lease(held: HeldLock, job: Job, done: threading.Event) -> None:
+    """Stop CMD before its lock can pass on: SIGTERM once no more than ``--kill-after``
+    (at most `TERM_BEFORE` of the TTL) is left of a lease that no heartbeat renewed, and
+    SIGKILL when it runs out (`Job._kill`). Asks nothing of the database, so no
+    partition holds it up: the lease is judged on this host's clock (`Session.lease_left`)."""
+    session = held.session
+    warning = min(job.kill_after, session.ttl * TERM_BEFORE)
+    while not done.wait(max(0.0, session.lease_left - warning)):
+        left = session.lease_left
+        if left <= warning:
+            unconfirmed = session.ttl * (1 - LEASE_MARGIN) - left
+            job.stop(
+                f"no heartbeat was confirmed for {unconfirmed:.1f} s (is the database "
+                f"reachable?), so CMD was stopped before the lease (TTL {session.ttl:g} s) "
+                "could run out"
+            )
+            return
 
 
 def _check(held: HeldLock, job: Job, done: threading.Event) -> None:

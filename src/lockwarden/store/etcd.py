@@ -39,7 +39,6 @@ from lockwarden.errors import StoreError
 from lockwarden.store import queries
 from lockwarden.store.backend import AcquireRequest, Attempt, Backend, FoughtOver, Params, Row
 from lockwarden.store.etcdkv import (
-    CALL_BUDGET,
     KV,
     Cluster,
     Op,
@@ -167,12 +166,13 @@ class EtcdBackend(Backend):
             if self._watcher is None:
                 self._watcher = self._kv.watch(self._p, self._on_event, self.wakeups.wake_all)
             watcher = self._watcher
-        if timeout is not None and timeout < CALL_BUDGET:  # the waiter's time runs out first
+        bound = self.url.call_timeout
+        if timeout is not None and timeout < bound:  # the waiter's time runs out first
             watcher.wait_created(timeout)
-        elif not watcher.wait_created(CALL_BUDGET):
+        elif not watcher.wait_created(bound):
             raise StoreError(
-                f"lock store {self.url.display}: could not open a watch within {CALL_BUDGET:g} s"
-                " (is a majority of the cluster up?)"
+                f"lock store {self.url.display}: could not open a watch within {bound:g} s"
+                " (is a majority of the cluster up and reachable?)"
             )
 
     def _on_event(self, kind: str, key: str, created: int, revision: int) -> None:

@@ -7,9 +7,10 @@ and nothing of locks:
 - `Cluster.post` sends one request to one member and moves on to the next
   member when that one fails, so one dead or paused member costs one
   timeout, not the call. Every request has a deadline (`CALL_TIMEOUT`) and
-  every call a budget (`CALL_BUDGET`): a cluster that has lost its quorum
-  answers nothing (or "no leader"), and the caller then gets a `StoreError`
-  within the budget instead of hanging.
+  every call a budget, the store's call timeout (`bounds`): a cluster that has
+  lost its quorum answers nothing (or "no leader"), and a partition nothing at
+  all; the caller then gets a `StoreError` within the budget instead of
+  hanging (one request may end up to `CALL_TIMEOUT` past it).
 - `Watch` is one stream of change events under the store's prefix, kept open
   by a thread; a broken stream is resumed from the revision after the last
   one seen, so no event is lost across a reconnect (unless etcd compacted
@@ -36,7 +37,7 @@ from urllib3.exceptions import NewConnectionError
 
 from lockwarden import hooks
 from lockwarden.errors import StoreError
-from lockwarden.store import process
+from lockwarden.store import bounds, process
 from lockwarden.store.backend import STORE_LOG, Stats
 from lockwarden.store.url import StoreURL
 
@@ -45,9 +46,6 @@ CALL_TIMEOUT = 1.0
 lost quorum makes members wait for a leader that is not coming (etcd's own request
 timeout is longer), and a paused member accepts connections but never answers; a
 heartbeat stuck on either must move on well within a session's TTL."""
-
-CALL_BUDGET = 5.0
-"""Seconds a call may spend across members before it fails with `StoreError`."""
 
 _RETRYABLE = (
     exceptions.ConnectionFailedError,
@@ -218,10 +216,11 @@ class Cluster:
 
     def post(self, path: str, body: Mapping[str, Any]) -> tuple[Any, bool]:
         """Send one request, trying the members in turn; return the answer and whether an
-        earlier send may have been applied. `StoreError` once `CALL_BUDGET` is spent."""
+        earlier send may have been applied. `StoreError` once the call timeout is spent."""
         if os.getpid() != self._pid:  # a forked child: the store is its parent's
             raise process.forked_from(self._pid)
-        deadline = time.monotonic() + CALL_BUDGET
+        start = time.monotonic()
+        deadline = bounds.deadline(self.url.call_timeout)
         start = self._first
         tried = 0
         resent = False
@@ -245,7 +244,8 @@ class Cluster:
             if time.monotonic() >= deadline:
                 raise StoreError(
                     f"lock store {self.url.display}: no member answered within "
-                    f"{CALL_BUDGET:g} s (is a majority of the cluster up?): {cause}"
+                    f"{time.monotonic() - start:.1f} s (is a majority of the cluster up "
+                    f"and reachable?): {cause}"
                 ) from cause
             self.stats.add("retries")
             if tried % len(self._members) == 0:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import math
 import os
 import queue
 import re
@@ -39,7 +40,7 @@ from typing import Any, Final, TypeVar
 
 from lockwarden import hooks
 from lockwarden.errors import StoreError
-from lockwarden.store import inbox, queries
+from lockwarden.store import bounds, inbox, queries
 from lockwarden.store.attempt import Engine, Told, attempt, grant
 from lockwarden.store.backend import (
     STORE_LOG,
@@ -389,8 +390,13 @@ class MySQLBackend(SQLBackend):
         self._migrate((), _STEPS, opening)
 
     def _connect(self) -> Connection:
+        """A new connection, made within the time the call has left (`bounds`)."""
         CLIENT = self._driver.constants.CLIENT  # noqa: N806  (the driver's name)
         options = dict(self._options)
+        left = bounds.deadline(self.url.call_timeout) - time.monotonic()
+        given = options["connect_timeout"]
+        assert isinstance(given, int)  # `mysql_options` checked it
+        options["connect_timeout"] = max(1, math.ceil(min(given, left)))
         ssl = {k[4:]: options.pop(k) for k in ("ssl_ca", "ssl_cert", "ssl_key") if k in options}
         if options.pop("ssl", False) or ssl:
             options["ssl_mode"] = "REQUIRED"
@@ -424,16 +430,40 @@ class MySQLBackend(SQLBackend):
     # -- running statements ----------------------------------------------------------
 
     def _run(self, work: Callable[[Connection], T]) -> T:
-        """Run ``work`` on a pooled connection; retry it on a fresh one after a transient error."""
-        for delay in (*RETRY_DELAYS, None):
-            try:
-                return self._pool.run(work)
-            except self._driver.Error as exc:
-                code = exc.args[0] if exc.args else None
-                if delay is None or code not in _TRANSIENT:
-                    raise StoreError(f"lock store {self.url.display}: {_describe(exc)}") from exc
-                self.stats.add("retries")
-                time.sleep(jittered(delay))
+        """Run ``work`` on a pooled connection; retry it on a fresh one after a transient
+        error; all within the call timeout (`bounds`: a statement that has not answered
+        when the time is up has its socket shut down under it)."""
+        start = time.monotonic()
+        end = bounds.deadline(self.url.call_timeout)
+
+        def bounded(conn: Connection) -> T:
+            if end <= time.monotonic():
+                raise _Overran
+            with bounds.CUTTER.watch(conn.fileno(), end) as watched:
+                try:
+                    return work(conn)
+                except self._driver.Error:
+                    if watched.cut:
+                        raise _Overran from None
+                    raise
+
+        with bounds.within(end - start):  # a new connection (`_connect`) is bounded too
+            for delay in (*RETRY_DELAYS, None):
+                try:
+                    return self._pool.run(bounded)
+                except _Overran:
+                    raise StoreError(
+                        f"lock store {self.url.display}: no answer within "
+                        f"{time.monotonic() - start:.1f} s (is the database reachable?)"
+                    ) from None
+                except self._driver.Error as exc:
+                    code = exc.args[0] if exc.args else None
+                    if delay is None or code not in _TRANSIENT or time.monotonic() + delay >= end:
+                        raise StoreError(
+                            f"lock store {self.url.display}: {_describe(exc)}"
+                        ) from exc
+                    self.stats.add("retries")
+                    time.sleep(jittered(delay))
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _execute(self, conn: Connection, text: str, params: Params | None = None) -> list[Row]:
@@ -871,6 +901,10 @@ def _sessions(told: Sequence[Told]) -> list[str]:
 def _bound(params: Params) -> dict[str, object]:
     """Lists (a request's names and modes) travel as JSON text, read by JSON_TABLE."""
     return {k: json.dumps(v) if isinstance(v, list | tuple) else v for k, v in params.items()}
+
+
+class _Overran(Exception):
+    """A call's time ran out: its connection was shut down under it (`MySQLBackend._run`)."""
 
 
 def _close(conn: Connection) -> None:

@@ -7,8 +7,17 @@ connection when the store is opened (which reports a bad URL, password or
 host at once, with the server's reason, instead of after the pool's wait,
 and runs the first statement while the pool opens).
 A caller that finds every pooled connection busy waits up to `POOL_WAIT`
-seconds for one; the pool keeps trying to reconnect in the background
-(psycopg_pool, with its own jittered backoff) while the server is away.
+seconds for one, and no longer than its call may take; the pool keeps trying
+to reconnect in the background (psycopg_pool, with its own jittered backoff)
+while the server is away.
+
+Every call ends within the store's call timeout (`bounds`), retries
+included: a connection is given at most the time the call has left (libpq's
+``connect_timeout``, the URL's if it is shorter), and a statement that has not
+answered when the time is up has its socket shut down under it
+(`bounds.Cutter`), which ends the driver's wait at once; the connection is
+then discarded, and the caller gets a `StoreError` saying the database did
+not answer in time.
 
 A statement that failed for a reason that may pass — the connection broke,
 the server refused it for now (53300 too many clients, 57P03 starting up or
@@ -38,6 +47,7 @@ generator-driven I/O and row loading, most of the client's CPU per lock call
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import threading
@@ -47,7 +57,7 @@ from contextlib import closing, suppress
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from lockwarden.errors import StoreError
-from lockwarden.store import process
+from lockwarden.store import bounds, process
 from lockwarden.store.backend import jittered
 from lockwarden.store.url import StoreURL, import_psycopg
 
@@ -96,6 +106,10 @@ _TRANSIENT = ("08", "57P", "53300", "40001", "40P01")
 starting or stopping, too many clients, serialization failure, deadlock detected."""
 
 
+LEAST_CONNECT_TIMEOUT = 2
+"""libpq's shortest connect timeout: a smaller ``connect_timeout`` is read as 2 s."""
+
+
 def describe(url: StoreURL, exc: BaseException) -> str:
     """The first line of a driver's message, with the URL's secrets removed."""
     lines = str(exc).strip().splitlines()
@@ -114,9 +128,14 @@ class Connections:
         self.url = url
         self._pid = os.getpid()
         self._psycopg = import_psycopg()
+        from psycopg.conninfo import conninfo_to_dict  # noqa: PLC0415
         from psycopg.rows import dict_row  # noqa: PLC0415  (an optional dependency)
         from psycopg_pool import ConnectionPool  # noqa: PLC0415
 
+        given = conninfo_to_dict(url.target).get("connect_timeout")
+        given = given if given is not None else os.environ.get("PGCONNECT_TIMEOUT", "0")
+        self._connect_timeout = float(given) if float(given) > 0 else math.inf
+        """The URL's ``connect_timeout`` (libpq's: 0 or less waits for ever)."""
         # UTF-8 on the wire whatever the database's encoding: `call` encodes and decodes so.
         self._kwargs: dict[str, Any] = {
             "autocommit": True,
@@ -149,7 +168,7 @@ class Connections:
         self._pool: ConnectionPool[Connection] = Pool(
             url.target,
             connection_class=self._psycopg.Connection,
-            kwargs=self._kwargs,
+            kwargs={**self._kwargs, "connect_timeout": self._timeout_of(url.call_timeout)},
             min_size=1,
             max_size=POOL_SIZE,
             timeout=POOL_WAIT,
@@ -179,14 +198,25 @@ class Connections:
             if kept is not None:
                 self._pool.putconn(kept)  # the pool is closed: it closes the connection
 
+    def _timeout_of(self, left: float) -> int:
+        """libpq's ``connect_timeout`` for a connection that must be made within ``left``
+        seconds: the URL's if shorter, and never under libpq's least."""
+        return max(LEAST_CONNECT_TIMEOUT, math.ceil(min(self._connect_timeout, left)))
+
     def connect(self, *, retry: bool = True) -> Connection:
-        """A connection of its own (not pooled), retried like a statement unless ``retry``
-        is false; `StoreError` if none can be had."""
+        """A connection of its own (not pooled), made within the call timeout, retried like
+        a statement unless ``retry`` is false; `StoreError` if none can be had."""
+        end = bounds.deadline(self.url.call_timeout)
         for delay in (*(RETRY_DELAYS if retry else ()), None):
+            timeout = self._timeout_of(end - time.monotonic())
             try:
-                conn: Connection = self._psycopg.connect(self.url.target, **self._kwargs)
+                conn: Connection = self._psycopg.connect(
+                    self.url.target, **self._kwargs, connect_timeout=timeout
+                )
             except self._psycopg.Error as exc:
                 if delay is None or not _transient(exc, None):
+                    raise self.error(exc) from None
+                if time.monotonic() + delay >= end:
                     raise self.error(exc) from None
                 time.sleep(jittered(delay))
             else:
@@ -195,11 +225,13 @@ class Connections:
 
     def run(self, work: Callable[[Connection], T], on_retry: Callable[[], object]) -> T:
         """Run ``work`` on the kept connection if it is free, else on a pooled one; retry
-        it on another if it failed transiently."""
+        it on another if it failed transiently; all within the call timeout."""
         from psycopg_pool import PoolTimeout  # noqa: PLC0415
 
         if os.getpid() != self._pid:
             raise process.forked_from(self._pid)
+        start = time.monotonic()
+        end = bounds.deadline(self.url.call_timeout)
         for delay in (*RETRY_DELAYS, None):
             conn: Connection | None = None
             try:
@@ -208,15 +240,15 @@ class Connections:
                         conn, self._first = self._first, None
                 if conn is not None:
                     with closing(conn):
-                        return work(conn)
+                        return self._bounded(work, conn, end)
                 if not self._pool.closed and self._kept_lock.acquire(blocking=False):
                     try:
                         conn, self._kept = self._kept, None
                         if conn is None:
-                            conn = self._pool.getconn()
+                            conn = self._pool.getconn(max(0.0, end - time.monotonic()))
                             self._kept_until = time.monotonic() + KEEP_FOR
                         try:
-                            result = work(conn)
+                            result = self._bounded(work, conn, end)
                         except BaseException:
                             self._pool.putconn(conn)  # which resets or replaces it
                             raise
@@ -226,19 +258,43 @@ class Connections:
                         self._kept_lock.release()
                         if self._pool.closed:  # `close` came meanwhile and left it to us
                             self._drop_kept()
-                with self._pool.connection() as conn:
-                    return work(conn)
+                with self._pool.connection(max(0.0, end - time.monotonic())) as conn:
+                    return self._bounded(work, conn, end)
             except PoolTimeout as exc:  # the pool has been reconnecting all this time
                 why = self._last_error or f"all {POOL_SIZE} connections of this store were busy"
                 raise StoreError(
-                    f"lock store {self.url.display}: no connection within {POOL_WAIT:g} s: {why}"
+                    f"lock store {self.url.display}: no connection within "
+                    f"{time.monotonic() - start:.1f} s: {why}"
                 ) from exc
+            except _Overran:
+                raise StoreError(
+                    f"lock store {self.url.display}: no answer within "
+                    f"{time.monotonic() - start:.1f} s (is the database reachable?)"
+                ) from None
             except self._psycopg.Error as exc:
                 if delay is None or not _transient(exc, conn):
+                    raise self.error(exc) from None
+                if time.monotonic() + delay >= end:
                     raise self.error(exc) from None
                 on_retry()
                 time.sleep(jittered(delay))
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _bounded(self, work: Callable[[Connection], T], conn: Connection, end: float) -> T:
+        """``work`` on ``conn``, its socket shut down under it if it runs past ``end``
+        (`bounds.Cutter`): `_Overran` then."""
+        if end <= time.monotonic():
+            raise _Overran
+        with bounds.CUTTER.watch(conn.pgconn.socket, end) as watched:
+            try:
+                result = work(conn)
+            except self._psycopg.Error:
+                if watched.cut:
+                    raise _Overran from None
+                raise
+        if watched.cut:  # it answered as its socket was shut down: of no further use
+            conn.close()
+        return result
 
     def call(self, conn: Connection, *steps: Step) -> TextRow | None:
         """Run the prepared ``steps`` on ``conn``, in order, as one transaction in one round
@@ -384,6 +440,10 @@ class Connections:
             first.close()
         self._pool.close()  # `closed` from its first step: a call in flight drops the kept one
         self._drop_kept()
+
+
+class _Overran(Exception):
+    """A call's time ran out: its connection was shut down under it (`Connections._bounded`)."""
 
 
 def _transient(exc: Exception, conn: Connection | None) -> bool:

@@ -41,7 +41,7 @@ from lockwarden.errors import (
     StoreError,
 )
 from lockwarden.modes import Mode
-from lockwarden.store import process, queries, schema, validate
+from lockwarden.store import bounds, lease, process, queries, schema, validate
 from lockwarden.store.backend import (
     STORE_LOG,
     Backend,
@@ -54,6 +54,7 @@ from lockwarden.store.backend import (
 )
 from lockwarden.store.fence import Fence
 from lockwarden.store.heartbeat import Heartbeat
+from lockwarden.store.lease import LeaseTimer
 from lockwarden.store.sqlite import SQLiteBackend
 from lockwarden.store.status import (
     AdminAction,
@@ -83,9 +84,6 @@ S = TypeVar("S", bound="Stamp")
 _RELEASE_RETRY = 0.05
 """The first pause (before jitter, doubling up to the heartbeat interval) before a failed
 release is sent again."""
-
-LEASE_MARGIN = 0.1
-"""The local lease ends this fraction of the TTL early (design note, "Heartbeat and lost locks")."""
 
 _STORES: weakref.WeakSet[Store] = weakref.WeakSet()
 """Every store this process opened and has not closed: closed at exit."""
@@ -120,6 +118,7 @@ class Store:
         self.lock_delay = lock_delay
         """Seconds a lock taken over from a dead holder is withheld from its new holder."""
         self._heartbeat = Heartbeat()
+        self._leases = LeaseTimer()
         self._sessions: set[Session] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -171,6 +170,7 @@ class Store:
         with self._lock:
             self._sessions.add(session)
         self._heartbeat.add(session)
+        self._leases.add(session)
         return session
 
     def set_permits(
@@ -400,10 +400,12 @@ class Store:
                 session.close()
         finally:
             self._heartbeat.close()
+            self._leases.close()
             self._backend.close()
 
     def _forget(self, session: Session) -> None:
         self._heartbeat.remove(session)
+        self._leases.remove(session)
         with self._lock:
             self._sessions.discard(session)
 
@@ -437,7 +439,6 @@ class Session:
         self.app_id = app_id
         self.ttl = ttl
         self._interval = ttl / 3
-        self._margin = ttl * LEASE_MARGIN
         self._on_lost = on_lost
         self._lock = threading.Lock()
         self._held: dict[str, Stamp] = {}
@@ -463,8 +464,10 @@ class Session:
             write=True,
         )
         self._started = rows[0]["started"]
-        self._lease_deadline = t0 + ttl - self._margin
+        self._lease_deadline = lease.deadline(t0, ttl)
         self._next_beat = t0 + self._interval
+        self._failing_since: float | None = None
+        """When the heartbeat began to fail (None while it succeeds): one warning an outage."""
 
     # -- taking locks ----------------------------------------------------------------
 
@@ -667,7 +670,10 @@ class Session:
                     )
                 del self._held[stamp.id]
                 taken = True
-            deleted = self._backend.release(self.id, stamp.id, names)
+            # A lost session's rows count for nothing (the loss expired them, `close` or
+            # `clean` deletes them): no call that a partition could hold up.
+            lost = self._expire_lease()
+            deleted = 0 if lost else self._backend.release(self.id, stamp.id, names)
         except BaseException as exc:
             if not taken:
                 raise
@@ -746,9 +752,19 @@ class Session:
                 raise NotHeld(f"{stamp!r} is not held: it was released")
         self._raise_if_unusable()
         names = [g.name for g in stamp.locks]
-        row = self._backend.query(
-            queries.CHECK, {"session": self.id, "request": stamp.id, "names": names}
-        )[0]
+        try:  # an answer after the lease's end would prove nothing: wait no longer for one
+            with bounds.within(self._lease_deadline - time.monotonic()):
+                row = self._backend.query(
+                    queries.CHECK, {"session": self.id, "request": stamp.id, "names": names}
+                )[0]
+        except StoreError:
+            self._expire_lease()
+            if self._lost is not None:
+                raise self._lost_error(stamp, "") from None
+            raise
+        self._expire_lease()
+        if self._lost is not None:
+            raise self._lost_error(stamp, "")
         if not row["live"]:
             self._lose("the database no longer counts this session as live")
             raise self._lost_error(stamp, "")
@@ -791,6 +807,19 @@ class Session:
         """
         return time.time() + (self._lease_deadline - time.monotonic())
 
+    @property
+    def lease_left(self) -> float:
+        """Seconds, on this host's monotonic clock, until the lease runs out (0 once lost).
+
+        `expires_at` as a span: unaffected by changes to the wall clock. A
+        program that must stop before its locks can pass on (`lockwarden run`
+        stops its command so) stops within this, unless a heartbeat moves it.
+        """
+        self._store._check_process()
+        if self._expire_lease():
+            return 0.0
+        return max(0.0, self._lease_deadline - time.monotonic())
+
     def renew(self) -> float:
         """Send a heartbeat now, and return the new `expires_at`.
 
@@ -819,8 +848,8 @@ class Session:
             self._held.clear()
             self._releasing.clear()  # the session's rows all go below
         self._store._forget(self)
-        if self._lost is not None:
-            self._report_loss()  # on_lost fires even if the heartbeat thread had no time to
+        if self._lost is not None:  # on_lost fires even if its reporter had no time to
+            self._report_loss(expire=False)  # the rows go below
         self._backend.change(queries.CLOSE_SESSION, {"session": self.id})
 
     def __enter__(self) -> Session:
@@ -843,37 +872,84 @@ class Session:
         if self._lost is not None:
             raise LockLost(f"{self!r} has lost its locks ({self._lost}): open a new session")
 
-    def _expire_lease(self) -> None:
+    def _expire_lease(self) -> bool:
+        """Mark the session lost if its lease has run out on this host's clock; whether
+        it is lost."""
         if self._lost is None and time.monotonic() >= self._lease_deadline:
-            self._lose(f"no heartbeat was confirmed for {self.ttl:g} s (the TTL)")
+            self._lose(
+                f"its lease ran out: no heartbeat was confirmed for "
+                f"{self.ttl * (1 - lease.MARGIN):g} s, and its locks may pass on "
+                f"{self.ttl:g} s (the TTL) after the last one"
+            )
+        return self._lost is not None
+
+    @property
+    def lease_deadline(self) -> float:
+        """When (``time.monotonic``) the lease runs out; infinity once lost or closed."""
+        return math.inf if self._lost is not None or self._closed else self._lease_deadline
+
+    def lease_ended(self) -> None:
+        """Called by the store's lease timer at the deadline, whatever the heartbeat is doing."""
+        self._expire_lease()
 
     def _lose(self, reason: str) -> LockLost:
-        """Mark the session lost; the heartbeat thread reports it (on_lost) right away."""
+        """Mark the session lost, and report it (``on_lost``) from a thread of its own.
+
+        The report must not wait for anything: the heartbeat thread may be
+        stuck in a call that a partition holds up, and whoever called this
+        (the lease timer, a lock call) has its own work to finish.
+        """
         with self._lock:
             first = self._lost is None
             if first:
                 self._lost = LockLost(reason)
-                self._next_beat = -math.inf
+                self._next_beat = math.inf
             lost = self._lost
             held = [g for stamp in self._held.values() for g in stamp.locks]
-        if first and hooks.active():
-            for g in held:
-                hooks.emit("lost", g.name, g.mode.word)
-        self._store._heartbeat.poke()
+        if first:
+            if hooks.active():
+                for g in held:
+                    hooks.emit("lost", g.name, g.mode.word)
+            reporter = threading.Thread(
+                target=self._report_loss, name="lockwarden-lost", daemon=True
+            )
+            try:
+                reporter.start()
+            except RuntimeError:  # the interpreter is shutting down: no new threads
+                self._report_loss()
         return LockLost(f"{self!r} has lost its locks ({lost})")
+
+    def _report_loss(self, *, expire: bool = True) -> None:
+        """Call ``on_lost`` (once), then mark the session expired in the database unless
+        ``expire`` is false (a close deletes its rows instead)."""
+        with self._lock:
+            if self._lost_reported:
+                return
+            self._lost_reported = True
+        if self._on_lost is not None:
+            try:
+                self._on_lost(LockLost(f"{self!r} lost its locks: {self._lost}"))
+            except Exception:
+                hooks.logger(STORE_LOG).exception("on_lost callback of %r raised", self)
+        if not expire or self._closed:
+            return
+        try:  # its rows stop counting now, not when the database's clock passes the TTL
+            self._backend.change(queries.EXPIRE_SESSION, {"session": self.id})
+        except Exception as exc:
+            hooks.logger(STORE_LOG).info("could not mark lost session %r expired: %s", self, exc)
 
     @property
     def next_beat(self) -> float:
         return min(self._next_beat, self._next_retry)
 
     def beat(self) -> None:
-        """Called by the heartbeat thread: a heartbeat, or the report of a loss, when due;
-        then the releases to retry, when due."""
+        """Called by the heartbeat thread: a heartbeat when due; then the releases to
+        retry, when due."""
         if self._closed:
             self._next_beat = self._next_retry = math.inf
             return
         self._release_queued()
-        if time.monotonic() >= self._next_beat:
+        if time.monotonic() >= self._next_beat and not self._expire_lease():
             self._heartbeat()
         if time.monotonic() >= self._next_retry:
             if self._lost is None:
@@ -884,25 +960,49 @@ class Session:
                     self._next_retry = math.inf
 
     def _heartbeat(self) -> None:
+        """One beat from the heartbeat thread; a failure is tried again until the lease
+        runs out (the lease timer, not this thread, decides when that is)."""
         t0 = time.monotonic()
-        self._expire_lease()
-        if self._lost is None:
-            try:
-                self._renew_lease()
-            except LockLost:
-                pass  # reported below
-            except Exception as exc:  # the lease deadline decides when this becomes a loss
-                hooks.logger(STORE_LOG).warning("heartbeat of %r failed, retrying: %s", self, exc)
-                self._next_beat = t0 + jittered(self._interval / 2)
+        try:
+            self._renew_lease()
+        except LockLost:
+            return  # marked and reported by `_lose`
+        except Exception as exc:
+            if self._lost is not None:
                 return
+            log = hooks.logger(STORE_LOG)
+            if self._failing_since is None:  # one warning an outage, not one a beat
+                self._failing_since = t0
+                log.warning(
+                    "heartbeat of %r failed; tried again until its lease runs out: %s", self, exc
+                )
             else:
-                return
-        self._report_loss()
+                log.debug("heartbeat of %r failed again: %s", self, exc)
+            # The pause counts from when this beat began: one that waited out its whole
+            # bound (a partition) is tried again at once, on another connection.
+            self._next_beat = max(time.monotonic(), t0 + jittered(self._interval / 2))
+            return
+        if self._failing_since is not None:
+            hooks.logger(STORE_LOG).info(
+                "heartbeat of %r confirmed again after %.1f s of failures",
+                self,
+                t0 - self._failing_since,
+            )
+            self._failing_since = None
 
     def _renew_lease(self) -> None:
-        """One heartbeat: move the lease deadline on, or raise `LockLost` and mark the loss."""
+        """One heartbeat: move the lease deadline on, or raise `LockLost` and mark the loss.
+
+        The call is bounded by the lease, and by half the beat interval, so
+        that a call stuck on a dead connection is tried again on another well
+        before the lease is at risk (`lockwarden run` stops its command once a
+        quarter of the TTL is left); and
+        its reply counts only if it arrives before the deadline it would move
+        (`lease`): a later one proves nothing, and never revives the session.
+        """
         t0 = time.monotonic()
-        rows = self._backend.query(queries.HEARTBEAT, {"session": self.id}, write=True)
+        with bounds.within(min(self._interval / 2, self._lease_deadline - t0)):
+            rows = self._backend.query(queries.HEARTBEAT, {"session": self.id}, write=True)
         if not rows:
             raise self._lose("the database says the session expired (its heartbeat was late)")
         if self._backend.relaxed and rows[0]["started"] != self._started:
@@ -911,9 +1011,12 @@ class Session:
                 "forgotten grants and releases made just before"
             )
         with self._lock:
-            if self._lost is None:  # a beat of a session lost meanwhile proves nothing
-                self._lease_deadline = max(self._lease_deadline, t0 + self.ttl - self._margin)
+            if self._lost is None and time.monotonic() < self._lease_deadline:
+                self._lease_deadline = max(self._lease_deadline, lease.deadline(t0, self.ttl))
                 self._next_beat = 0.0 if self._release_queue else t0 + self._interval
+                return
+        self._expire_lease()  # the reply came after the deadline (or a loss meanwhile)
+        raise LockLost(f"{self!r} has lost its locks ({self._lost})")
 
     def _release_later(self, stamp: Stamp) -> None:
         """Have the heartbeat thread release ``stamp`` (at its next beat, brought forward).
@@ -936,22 +1039,6 @@ class Session:
                 pass  # released meanwhile, or with the session
             except Exception as exc:  # lost, or the database is unreachable: the TTL frees it
                 hooks.logger(STORE_LOG).warning("releasing dropped %r failed: %s", stamp, exc)
-
-    def _report_loss(self) -> None:
-        with self._lock:
-            self._next_beat = math.inf
-            if self._lost_reported:
-                return
-            self._lost_reported = True
-        try:  # its rows stop counting at once, not a TTL later
-            self._backend.change(queries.EXPIRE_SESSION, {"session": self.id})
-        except Exception as exc:
-            hooks.logger(STORE_LOG).warning("could not mark lost session %r expired: %s", self, exc)
-        if self._on_lost is not None:
-            try:
-                self._on_lost(LockLost(f"{self!r} lost its locks: {self._lost}"))
-            except Exception:
-                hooks.logger(STORE_LOG).exception("on_lost callback of %r raised", self)
 
 
 @contextmanager
@@ -1208,6 +1295,7 @@ def connect(
     lock_delay: float = 0.0,
     durability: str = "durable",
     create: bool = True,
+    call_timeout: float = bounds.CALL_TIMEOUT,
 ) -> Store:
     """Open the lock store at ``url``, creating or upgrading its tables.
 
@@ -1235,18 +1323,24 @@ def connect(
     or of the machine then costs; fencing tokens never repeat either way).
     ``create=False``: a database without a lock store raises `StoreError`
     instead of getting one (an existing store is still upgraded).
+    ``call_timeout``: seconds one call to the database may take, connecting
+    and retries included (default 5), before it fails with `StoreError`:
+    nothing waits on an unreachable database for longer (docs/operators.md,
+    "Partitions"); a heartbeat waits no longer than its session's lease.
     """
     hold = validate.max_hold(max_hold)
     validate.on_stale(on_stale)
     delay = validate.duration(lock_delay, "lock_delay")
-    backend = _backend(url, durability, "create" if create else "existing")
+    bound = validate.duration(call_timeout, "call_timeout", zero=False)
+    backend = _backend(url, durability, "create" if create else "existing", bound)
     return Store(backend, max_hold=hold, on_stale=on_stale, lock_delay=delay)
 
 
-def check_schema(url: str) -> schema.Plan:
+def check_schema(url: str, *, call_timeout: float = bounds.CALL_TIMEOUT) -> schema.Plan:
     """What `connect` would do to the store's tables at ``url``, changing nothing."""
+    bound = validate.duration(call_timeout, "call_timeout", zero=False)
     try:
-        backend = _backend(url, "durable", "inspect")
+        backend = _backend(url, "durable", "inspect", bound)
     except NoStore as exc:
         if exc.plan is None:
             raise
@@ -1257,8 +1351,8 @@ def check_schema(url: str) -> schema.Plan:
     return backend.plan
 
 
-def _backend(url: str, durability: str, opening: Opening) -> Backend:
-    parsed = parse_url(url)
+def _backend(url: str, durability: str, opening: Opening, call_timeout: float) -> Backend:
+    parsed = parse_url(url)._replace(call_timeout=call_timeout)
     if durability not in ("durable", "relaxed"):
         raise LockUsageError(f"durability must be 'durable' or 'relaxed', got {durability!r}")
     if durability == "relaxed" and parsed.backend not in ("postgresql", "sqlite"):

@@ -33,7 +33,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from lockwarden.errors import LockUsageError, StoreError
-from lockwarden.store import inbox, process, queries, schema
+from lockwarden.store import bounds, inbox, process, queries, schema
 from lockwarden.store.attempt import Engine, Told, attempt, grant
 from lockwarden.store.backend import (
     AcquireRequest,
@@ -205,17 +205,25 @@ class _FairLock:
         self._queue: deque[_Turn] = deque()
         self._held = False
 
-    def __enter__(self) -> None:
+    def acquire(self, timeout: float) -> bool:
+        """Take the lock in turn; False if ``timeout`` seconds pass first (the turn is
+        then given up)."""
         turn: _Turn | None = None
         mine = False
         try:
             with self._mutex:
                 if not self._held:
                     self._held = mine = True
-                    return
+                    return True
                 turn = _Turn()
                 self._queue.append(turn)
-            turn.gate.acquire()  # released by the holder handing over
+            if turn.gate.acquire(timeout=max(0.0, min(timeout, threading.TIMEOUT_MAX))):
+                return True  # released by the holder handing over
+            with self._mutex:
+                if turn in self._queue:
+                    self._queue.remove(turn)
+                    return False
+            return True  # handed over as the wait ended: ours after all (`turn.given`)
         except BaseException:
             with self._mutex:
                 if turn is not None and turn in self._queue:
@@ -238,6 +246,79 @@ class _FairLock:
             self._held = False
 
 
+class _FileWait:
+    """Waits for an exclusive ``flock`` in a thread of its own, so that a caller can give up.
+
+    A blocking ``flock`` cannot be cut short from another thread, and a process
+    paused while it holds the lock (SIGSTOP inside a write) would hold the call
+    that waits for it for as long as it stays paused. So the caller that does not
+    get the lock at once hands the wait to this thread and waits for it no
+    longer than its call may take (`bounds`); the thread, once granted, hands
+    the lock to whoever still wants it, or lets it go. The descriptor is the
+    writer's; the lock belongs to the open file, so whichever thread took it,
+    the caller's unlock releases it.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._cond = threading.Condition(threading.Lock())
+        self._wanted = False
+        """A caller waits for the lock."""
+        self._got = False
+        """The thread took the lock for the caller, who has not picked it up yet."""
+        self._blocked = False
+        """The thread is inside ``flock``: the descriptor must stay open until it returns."""
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def acquire(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the lock; True once it is the caller's."""
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="lockwarden-sqlite-writer", daemon=True
+                )
+                self._thread.start()
+            self._wanted = True
+            self._cond.notify_all()
+            try:
+                got = self._cond.wait_for(lambda: self._got, max(0.0, timeout))
+            except BaseException:  # a signal's handler raised: take nothing with us
+                if self._got:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                raise
+            finally:
+                self._wanted = self._got = False
+            return got
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._wanted or self._closed)
+                if self._closed:
+                    return
+                self._blocked = True
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            with self._cond:
+                self._blocked = False
+                if self._wanted and not self._closed:
+                    self._got = True
+                    self._cond.notify_all()
+                    continue
+            fcntl.flock(self._fd, fcntl.LOCK_UN)  # the caller gave up meanwhile
+            if self._closed:
+                os.close(self._fd)  # left to this thread by `close`
+                return
+
+    def close(self) -> bool:
+        """Stop the thread; whether the caller may close the descriptor now (False: the
+        thread is still waiting in ``flock`` on it, and closes it when that returns)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            return not self._blocked
+
+
 class _Writer:
     """The right to write, across the processes of a store: a `_FairLock` inside this
     process, then an exclusive ``flock`` on a file beside the database.
@@ -247,18 +328,29 @@ class _Writer:
     kept the write lock, and the others could not even queue: four processes looping
     on one lock got 3-77 % of the grants. A process blocked in ``flock`` is woken by
     the kernel the moment the lock is free. The cost: a writer paused inside its
-    transaction holds the others until it resumes (SQLite's busy handler would fail
-    them after `BUSY_TIMEOUT`); a process that dies lets go at once.
+    transaction holds the others until it resumes, no longer than their call timeout
+    (`_FileWait`: then `StoreError`, naming that process); a process that dies lets go
+    at once.
     """
 
-    def __init__(self, database: str) -> None:
+    def __init__(self, url: StoreURL) -> None:
+        self._url = url
         self._fair = _FairLock()
-        self._fd = os.open(database + "-writer", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._path = url.target + "-writer"
+        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._wait = _FileWait(self._fd)
 
     def __enter__(self) -> None:
-        self._fair.__enter__()
+        start = time.monotonic()
+        end = bounds.deadline(self._url.call_timeout)
+        if not self._fair.acquire(end - start):
+            raise self._busy(start)
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not self._wait.acquire(end - time.monotonic()):
+                    raise self._busy(start) from None
         except BaseException:
             self._fair.__exit__()
             raise
@@ -269,8 +361,33 @@ class _Writer:
         finally:  # even if a signal's handler raised as the call returned
             self._fair.__exit__()
 
+    def _busy(self, start: float) -> StoreError:
+        holder = _flock_holder(self._fd)
+        who = "another process" if holder is None else f"process {holder}"
+        return StoreError(
+            f"lock store {self._url.display}: {who} holds the store's write lock "
+            f"({self._path}) and did not let go within {time.monotonic() - start:.1f} s: "
+            "is it paused or stuck inside a write?"
+        )
+
     def close(self) -> None:
-        os.close(self._fd)
+        if self._wait.close():
+            os.close(self._fd)
+
+
+def _flock_holder(fd: int) -> int | None:
+    """The pid that holds a ``flock`` on ``fd``'s file, as ``/proc/locks`` says (Linux)."""
+    info = os.fstat(fd)
+    inode = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    try:
+        with open("/proc/locks") as locks:
+            for line in locks:
+                fields = line.split()
+                if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode:
+                    return int(fields[4])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _bind(key: str, value: object) -> object:
@@ -352,7 +469,7 @@ class SQLiteBackend(SQLBackend):
             _create_private(url)
         self._run(lambda conn: None)  # SQLite says first if the database cannot be opened
         try:
-            self._writing = _Writer(url.target)
+            self._writing = _Writer(url)
         except OSError as exc:
             raise StoreError(f"lock store {url.display}: {exc}") from exc
         self._closed = threading.Event()

@@ -34,6 +34,7 @@ import re
 from typing import Any, Final, NamedTuple
 
 from lockwarden.errors import LockUsageError, StoreError
+from lockwarden.store.bounds import CALL_TIMEOUT
 from lockwarden.store.validate import shown
 
 DEFAULT_SCHEMA = "lockwarden"
@@ -72,10 +73,17 @@ _SECRET_KEYS = ("password", "sslpassword")
 _DEFAULTS = {
     "connect_timeout": ("PGCONNECT_TIMEOUT", "10"),
     "application_name": ("PGAPPNAME", "lockwarden"),
+    "keepalives_idle": ("", "5"),
+    "keepalives_interval": ("", "2"),
+    "keepalives_count": ("", "3"),
+    "tcp_user_timeout": ("", "10000"),
 }
 """Parameters set unless the string or libpq's environment variable gives them:
 libpq waits forever for a silent host; "lockwarden" names the connections in
-pg_stat_activity."""
+pg_stat_activity; an idle connection (the LISTEN one) finds a peer that went
+silent in about 11 s rather than the system's two hours, and data unacknowledged
+for 10 s ends a connection (every call is bounded by the store's call timeout
+anyway: `bounds`)."""
 
 # An etcd key prefix: every key of the store starts with "<prefix>/".
 _PREFIX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
@@ -116,6 +124,9 @@ class StoreURL(NamedTuple):
     """The URL for messages: everything but the password."""
     secrets: tuple[str, ...] = ()
     """Every form in which a secret of the string may appear (longest first)."""
+    call_timeout: float = CALL_TIMEOUT
+    """Seconds one call to the database may take, retries included (`bounds`): set by
+    ``connect(call_timeout=...)``."""
 
     def __repr__(self) -> str:
         # Never the target nor the secrets: a libpq string may hold a password.

@@ -1,0 +1,115 @@
+"""A session's lease, judged on the holder's own clock, by a thread no call can hold up.
+
+The database decides when another client may take a session's locks: once
+its clock has passed the session's last heartbeat by the TTL (design note,
+"The liveness predicate"). The holder cannot read that clock, and in a
+partition it cannot ask. So it keeps a deadline of its own on its monotonic
+clock, and gives its locks up at that deadline whatever the network does:
+
+    deadline = sent + ttl - margin,   margin = ttl * MARGIN
+
+``sent`` is when the last renewal that the database confirmed was *sent*
+(or the session's opening: the database stamps its clock while it runs the
+statement, after ``sent``). The database may let the lock go ``ttl``
+seconds of its clock after that stamp, so no earlier than ``ttl`` seconds of
+real time after ``sent`` if its clock runs at the true rate. The margin
+covers the rest:
+
+- clock rates: the holder's clock may run slow and the database's fast. With
+  each off by at most `DRIFT` (1,000 ppm, twice the most NTP ever slews a
+  clock), the holder's ``ttl - margin`` lasts at most
+  ``(ttl - margin) * (1 + DRIFT)`` real seconds and the database's ``ttl`` at
+  least ``ttl * (1 - DRIFT)``: 0.2 % of the TTL;
+- acting on it: this module's thread must wake, mark the session lost, and
+  the program (or `lockwarden run`'s CMD, killed then) must stop. That is
+  the other 9.8 % of the TTL: 1.47 s of the default 15 s, 0.2 s of a 2 s TTL.
+
+A holder whose process is paused (SIGSTOP, a frozen VM) cannot act on any
+deadline; that is what fencing tokens are for. Nor can a holder whose clock
+jumps: ``time.monotonic`` does not jump on Linux (CLOCK_MONOTONIC is only
+slewed), which is why it is the clock used.
+
+A renewal counts only if its reply arrives before the deadline it would
+move: a later reply proves nothing (the lock may already have passed on),
+and a session once lost is never revived (`Session._renew_lease`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Protocol
+
+MARGIN = 0.1
+"""The fraction of the TTL by which the local deadline comes before the database's."""
+
+DRIFT = 0.001
+"""The largest relative error of a clock's rate that the margin allows for, on each side."""
+
+
+def deadline(sent: float, ttl: float) -> float:
+    """The local deadline of a lease renewed by a request sent at ``sent`` (monotonic)."""
+    return sent + ttl - ttl * MARGIN
+
+
+class Leased(Protocol):
+    @property
+    def lease_deadline(self) -> float:
+        """When (``time.monotonic``) the lease runs out; infinity once it no longer matters
+        (lost or closed)."""
+
+    def lease_ended(self) -> None:
+        """Called at the deadline: mark the loss; must return at once (no database call)."""
+
+
+class LeaseTimer:
+    """One thread per store that ends each of its sessions' leases at its deadline.
+
+    It only sleeps until the earliest deadline and calls `Leased.lease_ended`,
+    which touches no database: the heartbeat thread may be stuck in a call that
+    a partition holds up, and the lease must end on time all the same. A
+    deadline that moved later since the thread went to sleep is looked at again
+    when it wakes; one that comes earlier (a new session) wakes it (`add`).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._members: set[Leased] = set()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def add(self, member: Leased) -> None:
+        with self._cond:
+            self._members.add(member)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="lockwarden-lease", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def remove(self, member: Leased) -> None:
+        with self._cond:
+            self._members.discard(member)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=1.0)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                ended = [m for m in self._members if m.lease_deadline <= now]
+                self._members.difference_update(ended)
+                if not ended:
+                    wake = min((m.lease_deadline for m in self._members), default=now + 3600.0)
+                    self._cond.wait(min(wake - now, 3600.0))
+                    continue
+            for member in ended:
+                member.lease_ended()
