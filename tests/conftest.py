@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from etcd3gw.client import Etcd3Client
 
 import lockwarden
 from chaos.etcd_cluster import EtcdCluster
+from chaos.proxy import Proxy
 from lockwarden.store import Session, Store
 from lockwarden.store.backend import AcquireRequest, SQLBackend
 from lockwarden.store.url import mysql_options
@@ -142,6 +144,50 @@ def empty_locks(store: Store) -> None:
         member.delete_prefix(f"{backend.url.schema}/{kind}/")
 
 
+@dataclass
+class Partitionable:
+    """A store on a network backend that a test can cut off from one client: ``far`` reaches
+    it through freezable proxies (`chaos.proxy`), ``near`` straight."""
+
+    far: str
+    near: str
+    proxies: list[Proxy]
+
+    def freeze(self) -> None:
+        """A partition: nothing between ``far``'s clients and the server crosses or answers."""
+        for proxy in self.proxies:
+            proxy.freeze()
+
+    def thaw(self) -> None:
+        for proxy in self.proxies:
+            proxy.thaw()
+
+    def cut(self) -> None:
+        """Connections reset and refused, as when the proxy process is killed."""
+        for proxy in self.proxies:
+            proxy.cut()
+
+
+NETWORKED = ["postgres", "mysql", "etcd"]
+
+
+@pytest.fixture(params=NETWORKED)
+def partitionable(request: pytest.FixtureRequest) -> Iterator[Partitionable]:
+    """A fresh store on each network backend, reachable through proxies and straight."""
+    near: str = request.getfixturevalue(URLS[request.param])
+    if request.param == "etcd":
+        cluster: EtcdCluster = request.getfixturevalue("etcd_cluster")
+        proxies = [Proxy(("127.0.0.1", port)) for port in cluster.client_ports]
+        far = near.replace(cluster.endpoints, ",".join(p.address for p in proxies))
+    else:
+        port = 5432 if request.param == "postgres" else 3306
+        proxies = [Proxy(("127.0.0.1", port))]
+        far = proxies[0].url(near)
+    yield Partitionable(far, near, proxies)
+    for proxy in proxies:
+        proxy.close()
+
+
 def lease_slack(store: Store) -> float:
     """How much later than its TTL a store may find a silent session dead: etcd counts
     leases in whole seconds and its leader looks for expired ones every half second."""
@@ -162,13 +208,17 @@ def enqueue(session: Session, items: dict[str, str], wait: float | None = None) 
 
 
 def stop_heartbeat(session: Session) -> None:
-    """Make a session go silent, as if its process froze (its locks go stale after the TTL)."""
+    """Make a session go silent, as if its process froze (its locks go stale after the TTL):
+    neither its heartbeat nor its lease timer runs."""
     session._store._heartbeat.remove(session)
+    session._store._leases.remove(session)
 
 
 def resume_heartbeat(session: Session) -> None:
-    """Let a silenced session's heartbeat thread run again, as if its process thawed."""
+    """Let a silenced session's heartbeat and lease timer run again, as if its process
+    thawed."""
     session._store._heartbeat.add(session)
+    session._store._leases.add(session)
 
 
 class Interrupt(BaseException):

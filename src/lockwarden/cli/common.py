@@ -11,6 +11,7 @@ Nothing here imports the store at module level: ``lockwarden --version`` and
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -39,6 +40,9 @@ EX_NOTFOUND = 127
 """`lockwarden run`: CMD was not found (as shells report it)."""
 
 DB_ENV = "LOCKWARDEN_DB"
+
+CALL_TIMEOUT_ENV = "LOCKWARDEN_CALL_TIMEOUT"
+"""Seconds one call to the database may take (``--call-timeout`` sets it for the command)."""
 
 JSON_FORMAT = 1
 """The version of every ``--json`` shape (docs/cli.md); a field removed or changed bumps it."""
@@ -119,13 +123,31 @@ def open_store(url: str, *, create: bool) -> Iterator[Store]:
     if not _is_sqlite(url):  # its driver logs: shown as lockwarden's own lines from the start
         hooks.logger("lockwarden")
     try:
-        store = lockwarden.connect(url, max_hold=None, create=create)
+        store = lockwarden.connect(url, max_hold=None, create=create, call_timeout=call_timeout())
     except lockwarden.LockError as exc:
         raise CliError(EX_UNAVAILABLE, str(exc)) from exc
     try:
         yield store
     finally:
         store.close()
+
+
+def call_timeout() -> float:
+    """``--call-timeout``, else ``$LOCKWARDEN_CALL_TIMEOUT``, else the store's default."""
+    from lockwarden.store.bounds import CALL_TIMEOUT  # noqa: PLC0415
+
+    given = os.environ.get(CALL_TIMEOUT_ENV, "")
+    if not given:
+        return CALL_TIMEOUT
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise CliError(
+            EX_USAGE, f"${CALL_TIMEOUT_ENV} must be a number of seconds > 0, got {given!r}"
+        )
+    return seconds
 
 
 def _is_sqlite(url: str) -> bool:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from lockwarden import LockError, LockLost, LockUsageError, __version__, hooks
 from lockwarden.cli.common import (
+    CALL_TIMEOUT_ENV,
     DB_ENV,
     EX_OSERR,
     EX_SOFTWARE,
@@ -126,22 +127,26 @@ COMMANDS = (
 )
 
 
-def parser(only: str | None = None) -> _Parser:
-    """The whole command line: every command, option and help text.
+def _common_options() -> _Parser:
+    """The options every command takes, before or after its name.
 
-    ``only``: declare that one command alone. Declaring all of them costs
-    milliseconds that every call of a script would pay, for nothing: a
-    command's arguments are parsed by its own parser only.
+    The parent's actions are shared by every parser, so their defaults must not
+    be set per parser: each is simply absent unless given (read with getattr).
     """
-    # Options every command takes, before or after its name. The parent's
-    # actions are shared by every parser, so their defaults must not be set
-    # per parser: each is simply absent unless given (read with getattr).
     common = _Parser(add_help=False)
     common.add_argument(
         "--db",
         metavar="URL",
         default=argparse.SUPPRESS,
         help=f"the lock store (default: ${DB_ENV}, else the SQLite file in your state directory)",
+    )
+    common.add_argument(
+        "--call-timeout",
+        type=_ttl,
+        metavar="SECONDS",
+        default=argparse.SUPPRESS,
+        help=f"the longest one call to the database may take, retries included (default: "
+        f"${CALL_TIMEOUT_ENV}, else 5)",
     )
     common.add_argument(
         "--json",
@@ -165,6 +170,17 @@ def parser(only: str | None = None) -> _Parser:
         help="print only failures (no results, no progress line)",
     )
     common.add_argument("--version", action="version", version=f"lockwarden {__version__}")
+    return common
+
+
+def parser(only: str | None = None) -> _Parser:
+    """The whole command line: every command, option and help text.
+
+    ``only``: declare that one command alone. Declaring all of them costs
+    milliseconds that every call of a script would pay, for nothing: a
+    command's arguments are parsed by its own parser only.
+    """
+    common = _common_options()
 
     def command(
         name: str, handler: str, summary: str, epilog: str | None = None, usage: str | None = None
@@ -484,7 +500,7 @@ def _named(argv: Sequence[str]) -> str | None:
     for the help or the error that lists them)."""
     words = iter(argv)
     for word in words:
-        if word == "--db":
+        if word in ("--db", "--call-timeout"):
             next(words, None)  # its value, even if it looks like a command
         elif word == "--":
             return None
@@ -532,6 +548,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         args = _parse(arguments)  # --help and --version end here
+        if hasattr(args, "call_timeout"):  # read by `open_store`, here and in `hold`'s holder
+            os.environ[CALL_TIMEOUT_ENV] = repr(args.call_timeout)
         # What the store logs (a heartbeat retried while the database is away)
         # is worth seeing during a long run: as one line each, like the rest.
         # Set up only if something is logged: importing logging costs every start.

@@ -40,6 +40,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+from lockwarden.errors import StoreError
+
 CALL_TIMEOUT = 5.0
 """Seconds one call to the database may take by default, retries included: well inside
 a default lease (15 s), and short enough that a command that cannot reach its database
@@ -64,6 +66,15 @@ def within(seconds: float) -> Iterator[None]:
 def deadline(call_timeout: float) -> float:
     """When (``time.monotonic``) a call that starts now must have ended."""
     return min(time.monotonic() + call_timeout, _END.get())
+
+
+def overran(display: str, began: float, cause: str = "") -> StoreError:
+    """The error of a call that ran out of time (``began``: when it started, monotonic)."""
+    because = f": {cause}" if cause else ""
+    return StoreError(
+        f"lock store {display}: no answer within {time.monotonic() - began:.1f} s "
+        f"(is the database reachable?){because}"
+    )
 
 
 class Watched:

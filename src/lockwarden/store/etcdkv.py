@@ -6,11 +6,11 @@ and nothing of locks:
 
 - `Cluster.post` sends one request to one member and moves on to the next
   member when that one fails, so one dead or paused member costs one
-  timeout, not the call. Every request has a deadline (`CALL_TIMEOUT`) and
-  every call a budget, the store's call timeout (`bounds`): a cluster that has
-  lost its quorum answers nothing (or "no leader"), and a partition nothing at
-  all; the caller then gets a `StoreError` within the budget instead of
-  hanging (one request may end up to `CALL_TIMEOUT` past it).
+  timeout, not the call. Every request has a deadline (`CALL_TIMEOUT`, or less
+  if less is left of the call) and every call a budget, the store's call
+  timeout (`bounds`): a cluster that has lost its quorum answers nothing (or
+  "no leader"), and a partition nothing at all; the caller then gets a
+  `StoreError` within the budget instead of hanging.
 - `Watch` is one stream of change events under the store's prefix, kept open
   by a thread; a broken stream is resumed from the revision after the last
   one seen, so no event is lost across a reconnect (unless etcd compacted
@@ -199,6 +199,22 @@ def _maybe_applied(exc: Exception) -> bool:
     return not isinstance(getattr(failure.args[0], "reason", None), NewConnectionError)
 
 
+class _Member(Etcd3Client):
+    """etcd3gw's client of one member, each request timed out as the calling thread says:
+    `CALL_TIMEOUT`, or what is left of the call if that is less (`Cluster.post`)."""
+
+    request_timeout = threading.local()
+
+    @property
+    def timeout(self) -> float:
+        value: float = getattr(self.request_timeout, "value", CALL_TIMEOUT)
+        return value
+
+    @timeout.setter
+    def timeout(self, value: object) -> None:
+        """etcd3gw's constructor sets one for all requests: each takes the caller's."""
+
+
 class Cluster:
     """The members of one etcd cluster, tried in turn."""
 
@@ -208,9 +224,7 @@ class Cluster:
         self._members: list[Etcd3Client] = []
         for endpoint in url.target.split(","):
             host, _, port = endpoint.rpartition(":")
-            self._members.append(
-                Etcd3Client(host=host, port=int(port), api_path="/v3/", timeout=CALL_TIMEOUT)
-            )
+            self._members.append(_Member(host=host, port=int(port), api_path="/v3/"))
         self._first = 0  # the member that answered last: asked first next time
         self._pid = os.getpid()
 
@@ -219,7 +233,7 @@ class Cluster:
         earlier send may have been applied. `StoreError` once the call timeout is spent."""
         if os.getpid() != self._pid:  # a forked child: the store is its parent's
             raise process.forked_from(self._pid)
-        start = time.monotonic()
+        began = time.monotonic()
         deadline = bounds.deadline(self.url.call_timeout)
         start = self._first
         tried = 0
@@ -228,6 +242,9 @@ class Cluster:
             index = (start + tried) % len(self._members)
             member = self._members[index]
             self.stats.add("statements")
+            _Member.request_timeout.value = max(
+                0.01, min(CALL_TIMEOUT, deadline - time.monotonic())
+            )
             try:
                 answer = member.post(member.get_url(path), json=body)
             except _RETRYABLE as exc:
@@ -244,7 +261,7 @@ class Cluster:
             if time.monotonic() >= deadline:
                 raise StoreError(
                     f"lock store {self.url.display}: no member answered within "
-                    f"{time.monotonic() - start:.1f} s (is a majority of the cluster up "
+                    f"{time.monotonic() - began:.1f} s (is a majority of the cluster up "
                     f"and reachable?): {cause}"
                 ) from cause
             self.stats.add("retries")

@@ -452,12 +452,11 @@ class MySQLBackend(SQLBackend):
                 try:
                     return self._pool.run(bounded)
                 except _Overran:
-                    raise StoreError(
-                        f"lock store {self.url.display}: no answer within "
-                        f"{time.monotonic() - start:.1f} s (is the database reachable?)"
-                    ) from None
+                    raise bounds.overran(self.url.display, start) from None
                 except self._driver.Error as exc:
                     code = exc.args[0] if exc.args else None
+                    if code in _TRANSIENT and time.monotonic() + (delay or 0.0) >= end:
+                        raise bounds.overran(self.url.display, start, _describe(exc)) from exc
                     if delay is None or code not in _TRANSIENT or time.monotonic() + delay >= end:
                         raise StoreError(
                             f"lock store {self.url.display}: {_describe(exc)}"

@@ -206,6 +206,7 @@ class Connections:
     def connect(self, *, retry: bool = True) -> Connection:
         """A connection of its own (not pooled), made within the call timeout, retried like
         a statement unless ``retry`` is false; `StoreError` if none can be had."""
+        began = time.monotonic()
         end = bounds.deadline(self.url.call_timeout)
         for delay in (*(RETRY_DELAYS if retry else ()), None):
             timeout = self._timeout_of(end - time.monotonic())
@@ -214,9 +215,9 @@ class Connections:
                     self.url.target, **self._kwargs, connect_timeout=timeout
                 )
             except self._psycopg.Error as exc:
-                if delay is None or not _transient(exc, None):
-                    raise self.error(exc) from None
-                if time.monotonic() + delay >= end:
+                if _transient(exc, None) and time.monotonic() + (delay or 0.0) >= end:
+                    raise bounds.overran(self.url.display, began, describe(self.url, exc)) from None
+                if delay is None or not _transient(exc, None) or time.monotonic() + delay >= end:
                     raise self.error(exc) from None
                 time.sleep(jittered(delay))
             else:
@@ -267,11 +268,10 @@ class Connections:
                     f"{time.monotonic() - start:.1f} s: {why}"
                 ) from exc
             except _Overran:
-                raise StoreError(
-                    f"lock store {self.url.display}: no answer within "
-                    f"{time.monotonic() - start:.1f} s (is the database reachable?)"
-                ) from None
+                raise bounds.overran(self.url.display, start) from None
             except self._psycopg.Error as exc:
+                if _transient(exc, conn) and time.monotonic() + (delay or 0.0) >= end:
+                    raise bounds.overran(self.url.display, start, describe(self.url, exc)) from None
                 if delay is None or not _transient(exc, conn):
                     raise self.error(exc) from None
                 if time.monotonic() + delay >= end:

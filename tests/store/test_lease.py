@@ -1,0 +1,117 @@
+"""The lease on the holder's own clock (`lockwarden.store.lease`): its arithmetic, the timer
+that ends it whatever the heartbeat is doing, and the rule that a late renewal counts for
+nothing. The same on every backend (the `store` fixture's four)."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lockwarden import LockLost
+from lockwarden.store import Store, lease, queries
+from lockwarden.store.lease import LeaseTimer
+from tests.conftest import wait_for
+
+
+@given(
+    sent=st.floats(min_value=0, max_value=1e6),
+    ttl=st.floats(min_value=0.1, max_value=86400),
+    holder_rate=st.floats(min_value=1 - lease.DRIFT, max_value=1 + lease.DRIFT),
+    server_rate=st.floats(min_value=1 - lease.DRIFT, max_value=1 + lease.DRIFT),
+)
+def test_the_local_deadline_leaves_the_holder_time_to_act_before_the_database_may(
+    sent: float, ttl: float, holder_rate: float, server_rate: float
+) -> None:
+    """With clocks whose rates are off by at most DRIFT each way, the local deadline comes at
+    least 9.7 % of the TTL of real time before the database may hand the locks on."""
+    local = lease.deadline(sent, ttl) - sent  # the holder's seconds until its deadline
+    real_local = local / holder_rate  # a slow holder clock: its seconds are longer
+    real_database = ttl / server_rate  # the database counts the TTL from its stamp (>= sent)
+    assert real_database - real_local >= ttl * 0.097
+
+
+class Member:
+    def __init__(self, deadline: float) -> None:
+        self.lease_deadline = deadline
+        self.ended: list[float] = []
+
+    def lease_ended(self) -> None:
+        self.ended.append(time.monotonic())
+        self.lease_deadline = math.inf
+
+
+def test_the_timer_ends_each_lease_at_its_deadline_and_not_before() -> None:
+    timer = LeaseTimer()
+    now = time.monotonic()
+    members = [Member(now + d) for d in (0.3, 0.1, 0.2)]
+    moved = Member(now + 0.1)
+    try:
+        for member in [*members, moved]:
+            timer.add(member)
+        moved.lease_deadline = now + 0.4  # renewed: the timer looks again when it wakes
+        wait_for(lambda: all(m.ended for m in [*members, moved]), timeout=5)
+        for member, due in zip(members, (0.3, 0.1, 0.2), strict=True):
+            assert now + due <= member.ended[0] < now + due + 0.5
+        assert now + 0.4 <= moved.ended[0]
+        assert all(len(m.ended) == 1 for m in [*members, moved])
+    finally:
+        timer.close()
+
+
+def test_a_removed_member_is_never_ended() -> None:
+    timer = LeaseTimer()
+    member = Member(time.monotonic() + 0.1)
+    timer.add(member)
+    timer.remove(member)
+    time.sleep(0.3)
+    timer.close()
+    assert member.ended == []
+
+
+def blocking(store: Store) -> tuple[threading.Event, Callable[[], None]]:
+    """Make the store's heartbeat statement hang until the event is set (a partition that
+    holds the heartbeat thread, with nothing else of the store cut off)."""
+    backend = store._backend
+    release = threading.Event()
+    query = backend.query
+
+    def held_up(sql: str, *args: object, **kwargs: object) -> object:
+        if sql is queries.HEARTBEAT:
+            release.wait(30)
+        return query(sql, *args, **kwargs)  # type: ignore[arg-type]
+
+    backend.query = held_up  # type: ignore[method-assign]
+
+    def restore() -> None:
+        release.set()
+        backend.query = query  # type: ignore[method-assign]
+
+    return release, restore
+
+
+def test_a_session_whose_heartbeat_hangs_is_lost_at_its_deadline(store: Store) -> None:
+    told: list[float] = []
+    session = store.session("hung", ttl=1.5, on_lost=lambda exc: told.append(time.monotonic()))
+    held = session.lock("job")
+    opened = time.monotonic()
+    _, restore = blocking(store)
+    try:
+        wait_for(lambda: told, timeout=3, what="on_lost")
+        assert told[0] - opened <= 1.5 * (1 - lease.MARGIN) + 0.3
+        assert session.lost and session.lease_left == 0.0
+        with pytest.raises(LockLost):
+            held.check()
+    finally:
+        restore()
+    time.sleep(0.3)  # the held-up heartbeat gets its answer now: it revives nothing
+    assert session.lost
+    with pytest.raises(LockLost):
+        session.renew()
+    session.close()
+    assert len(told) == 1
