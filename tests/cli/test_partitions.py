@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import Cli, Result
+from tests.cli.conftest import LOCKWARDEN, Cli, Result
 from tests.conftest import Partitionable, wait_for
 
 pytestmark = pytest.mark.slow
@@ -170,3 +170,34 @@ def test_a_sqlite_holder_whose_heartbeat_waits_behind_a_frozen_writer_is_lost_in
             os.close(fd)
         assert session.lost
         session.close()
+
+
+def test_a_cut_off_hold_ends_its_holder_by_the_lease(
+    partitionable: Partitionable, far: Cli, tmp_path: Path
+) -> None:
+    err = tmp_path / "holder.err"
+    with err.open("w") as stderr:
+        got = subprocess.run(
+            [str(LOCKWARDEN), "hold", "--ttl", "4", "job"],
+            env=far.env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+    holder = int(got.stdout.split("LOCKWARDEN_HOLDER=")[1].split(";")[0])
+    partitionable.freeze()
+    try:
+        cut = time.monotonic()
+        wait_for(lambda: "lost the write lock on 'job'" in err.read_text(), timeout=4 * 0.9 + 1)
+        said = time.monotonic()
+        taker = Cli(partitionable.near, tmp_path)
+        second = taker("run", "--wait", "60", "job", "--", "true", timeout=90)
+        assert second.status == 0, second
+        assert said - cut < 4 * 0.9 + 0.5
+        wait_for(lambda: not Path(f"/proc/{holder}").exists(), timeout=15, what="the holder")
+    finally:
+        partitionable.thaw()
+    lines = err.read_text().splitlines()
+    assert 1 <= len(lines) <= 3 and all(line.startswith("lockwarden: ") for line in lines)

@@ -42,13 +42,13 @@ class Member:
         self.ended: list[float] = []
 
     def lease_ended(self) -> None:
-        self.ended.append(time.monotonic())
+        self.ended.append(lease.now())
         self.lease_deadline = math.inf
 
 
 def test_the_timer_ends_each_lease_at_its_deadline_and_not_before() -> None:
     timer = LeaseTimer()
-    now = time.monotonic()
+    now = lease.now()
     members = [Member(now + d) for d in (0.3, 0.1, 0.2)]
     moved = Member(now + 0.1)
     try:
@@ -64,9 +64,20 @@ def test_the_timer_ends_each_lease_at_its_deadline_and_not_before() -> None:
         timer.close()
 
 
+def test_leases_are_judged_on_a_clock_that_counts_a_suspend() -> None:
+    """Linux's CLOCK_BOOTTIME: the monotonic clock plus the time spent suspended."""
+    if not hasattr(time, "CLOCK_BOOTTIME"):
+        pytest.skip("no CLOCK_BOOTTIME on this system")
+    before = time.monotonic()
+    at = lease.now()
+    after = time.monotonic()
+    suspended = time.clock_gettime(time.CLOCK_BOOTTIME) - time.monotonic()
+    assert before + suspended - 0.01 <= at <= after + suspended + 0.01
+
+
 def test_a_removed_member_is_never_ended() -> None:
     timer = LeaseTimer()
-    member = Member(time.monotonic() + 0.1)
+    member = Member(lease.now() + 0.1)
     timer.add(member)
     timer.remove(member)
     time.sleep(0.3)

@@ -26,8 +26,12 @@ covers the rest:
 
 A holder whose process is paused (SIGSTOP, a frozen VM) cannot act on any
 deadline; that is what fencing tokens are for. Nor can a holder whose clock
-jumps: ``time.monotonic`` does not jump on Linux (CLOCK_MONOTONIC is only
-slewed), which is why it is the clock used.
+jumps. The clock used (`now`) never jumps: on Linux it is CLOCK_BOOTTIME,
+the monotonic clock (only ever slewed, never stepped) plus the time the
+machine spent suspended. A machine that slept (a laptop's suspend) was a
+paused holder meanwhile, but on waking it finds its lease over at once
+(within `LOOK_EVERY`), where the monotonic clock, stopped while it slept,
+would keep the lease for up to the TTL more while the database has moved on.
 
 A renewal counts only if its reply arrives before the deadline it would
 move: a later reply proves nothing (the lock may already have passed on),
@@ -36,8 +40,10 @@ and a session once lost is never revived (`Session._renew_lease`).
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 MARGIN = 0.1
@@ -46,17 +52,37 @@ MARGIN = 0.1
 DRIFT = 0.001
 """The largest relative error of a clock's rate that the margin allows for, on each side."""
 
+LOOK_EVERY = 1.0
+"""The longest the lease timer sleeps: how soon after a suspend it sees a lease ended (the
+sleep itself is measured on the monotonic clock, which a suspend stops)."""
+
+
+def _clock() -> Callable[[], float]:
+    """CLOCK_BOOTTIME where the system has it (Linux), else ``time.monotonic``."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is None:
+        return time.monotonic
+    try:
+        time.clock_gettime(boottime)
+    except OSError:
+        return time.monotonic
+    return functools.partial(time.clock_gettime, boottime)
+
+
+now: Callable[[], float] = _clock()
+"""The clock leases are judged by (seconds, from an arbitrary start; see above)."""
+
 
 def deadline(sent: float, ttl: float) -> float:
-    """The local deadline of a lease renewed by a request sent at ``sent`` (monotonic)."""
+    """The local deadline of a lease renewed by a request sent at ``sent`` (`now`)."""
     return sent + ttl - ttl * MARGIN
 
 
 class Leased(Protocol):
     @property
     def lease_deadline(self) -> float:
-        """When (``time.monotonic``) the lease runs out; infinity once it no longer matters
-        (lost or closed)."""
+        """When (`now`) the lease runs out; infinity once it no longer matters (lost or
+        closed)."""
 
     def lease_ended(self) -> None:
         """Called at the deadline: mark the loss; must return at once (no database call)."""
@@ -104,12 +130,12 @@ class LeaseTimer:
             with self._cond:
                 if self._closed:
                     return
-                now = time.monotonic()
-                ended = [m for m in self._members if m.lease_deadline <= now]
+                at = now()
+                ended = [m for m in self._members if m.lease_deadline <= at]
                 self._members.difference_update(ended)
                 if not ended:
-                    wake = min((m.lease_deadline for m in self._members), default=now + 3600.0)
-                    self._cond.wait(min(wake - now, 3600.0))
+                    wake = min((m.lease_deadline for m in self._members), default=at + LOOK_EVERY)
+                    self._cond.wait(min(wake - at, LOOK_EVERY))
                     continue
             for member in ended:
                 member.lease_ended()

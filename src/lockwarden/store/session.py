@@ -450,7 +450,7 @@ class Session:
         """Releases sent but not confirmed: request id -> names (`_retry_release`)."""
         self._release_failures = 0
         self._next_retry = math.inf
-        t0 = time.monotonic()
+        t0, sent = time.monotonic(), lease.now()
         rows = self._backend.query(
             queries.OPEN_SESSION,
             {
@@ -464,7 +464,8 @@ class Session:
             write=True,
         )
         self._started = rows[0]["started"]
-        self._lease_deadline = lease.deadline(t0, ttl)
+        self._lease_deadline = lease.deadline(sent, ttl)
+        """When (`lease.now`) the lease runs out unless a heartbeat moves it on."""
         self._next_beat = t0 + self._interval
         self._failing_since: float | None = None
         """When the heartbeat began to fail (None while it succeeds): one warning an outage."""
@@ -753,7 +754,7 @@ class Session:
         self._raise_if_unusable()
         names = [g.name for g in stamp.locks]
         try:  # an answer after the lease's end would prove nothing: wait no longer for one
-            with bounds.within(self._lease_deadline - time.monotonic()):
+            with bounds.within(self._lease_deadline - lease.now()):
                 row = self._backend.query(
                     queries.CHECK, {"session": self.id, "request": stamp.id, "names": names}
                 )[0]
@@ -805,11 +806,11 @@ class Session:
         confirmed heartbeat, every TTL/3, moves it to about TTL - TTL/10 after
         the heartbeat was sent; `renew` moves it now.
         """
-        return time.time() + (self._lease_deadline - time.monotonic())
+        return time.time() + (self._lease_deadline - lease.now())
 
     @property
     def lease_left(self) -> float:
-        """Seconds, on this host's monotonic clock, until the lease runs out (0 once lost).
+        """Seconds until the lease runs out (0 once lost), on a clock that never jumps.
 
         `expires_at` as a span: unaffected by changes to the wall clock. A
         program that must stop before its locks can pass on (`lockwarden run`
@@ -818,7 +819,7 @@ class Session:
         self._store._check_process()
         if self._expire_lease():
             return 0.0
-        return max(0.0, self._lease_deadline - time.monotonic())
+        return max(0.0, self._lease_deadline - lease.now())
 
     def renew(self) -> float:
         """Send a heartbeat now, and return the new `expires_at`.
@@ -875,7 +876,7 @@ class Session:
     def _expire_lease(self) -> bool:
         """Mark the session lost if its lease has run out on this host's clock; whether
         it is lost."""
-        if self._lost is None and time.monotonic() >= self._lease_deadline:
+        if self._lost is None and lease.now() >= self._lease_deadline:
             self._lose(
                 f"its lease ran out: no heartbeat was confirmed for "
                 f"{self.ttl * (1 - lease.MARGIN):g} s, and its locks may pass on "
@@ -885,7 +886,7 @@ class Session:
 
     @property
     def lease_deadline(self) -> float:
-        """When (``time.monotonic``) the lease runs out; infinity once lost or closed."""
+        """When (`lease.now`) the lease runs out; infinity once lost or closed."""
         return math.inf if self._lost is not None or self._closed else self._lease_deadline
 
     def lease_ended(self) -> None:
@@ -1000,8 +1001,8 @@ class Session:
         its reply counts only if it arrives before the deadline it would move
         (`lease`): a later one proves nothing, and never revives the session.
         """
-        t0 = time.monotonic()
-        with bounds.within(min(self._interval / 2, self._lease_deadline - t0)):
+        t0, sent = time.monotonic(), lease.now()
+        with bounds.within(min(self._interval / 2, self._lease_deadline - sent)):
             rows = self._backend.query(queries.HEARTBEAT, {"session": self.id}, write=True)
         if not rows:
             raise self._lose("the database says the session expired (its heartbeat was late)")
@@ -1011,8 +1012,8 @@ class Session:
                 "forgotten grants and releases made just before"
             )
         with self._lock:
-            if self._lost is None and time.monotonic() < self._lease_deadline:
-                self._lease_deadline = max(self._lease_deadline, lease.deadline(t0, self.ttl))
+            if self._lost is None and lease.now() < self._lease_deadline:
+                self._lease_deadline = max(self._lease_deadline, lease.deadline(sent, self.ttl))
                 self._next_beat = 0.0 if self._release_queue else t0 + self._interval
                 return
         self._expire_lease()  # the reply came after the deadline (or a loss meanwhile)

@@ -51,9 +51,6 @@ from lockwarden.store.url import StoreURL
 
 T = TypeVar("T")
 
-BUSY_TIMEOUT = 10.0
-"""Seconds a transaction waits for another writer before giving up with StoreError."""
-
 POLL_MIN, POLL_MAX = 0.002, 0.05
 """The cross-process poll interval: short after a change, doubling to the maximum while idle."""
 
@@ -398,15 +395,15 @@ def _bind(key: str, value: object) -> object:
     return "".join(value) if key == "modes" else json.dumps(value)
 
 
-def _use_wal(conn: sqlite3.Connection) -> None:
+def _use_wal(conn: sqlite3.Connection, timeout: float) -> None:
     """Put the store's file in WAL mode (kept in the file: after the first time, a no-op).
 
     The switch needs the file to itself, and SQLite returns 'database is
     locked' at once rather than run the busy handler for it: processes that
     open a new store together would fail. Each tries again instead, within
-    `BUSY_TIMEOUT`, until one has switched the file.
+    ``timeout`` seconds (the call timeout), until one has switched the file.
     """
-    deadline = time.monotonic() + BUSY_TIMEOUT
+    deadline = time.monotonic() + timeout
     pause = 0.001
     while True:
         try:
@@ -488,10 +485,13 @@ class SQLiteBackend(SQLBackend):
 
     def _connect(self, synchronous: str) -> sqlite3.Connection:
         conn = sqlite3.connect(
-            self.url.target, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
+            self.url.target,
+            timeout=self.url.call_timeout,  # SQLite's busy handler: for writers without `_Writer`
+            isolation_level=None,
+            check_same_thread=False,
         )
         conn.row_factory = _dict_row
-        _use_wal(conn)
+        _use_wal(conn, self.url.call_timeout)
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         return conn
 
