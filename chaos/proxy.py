@@ -13,9 +13,10 @@ An outage without touching the server itself, in the forms a network gives:
   firewall rule that drops packets or a dead route does to a host. Bytes sent
   meanwhile wait in the proxy (the kernel acknowledges them, as a peer's
   kernel would until its buffers fill); new connections are taken in and
-  left silent. `thaw` (or `restore`) heals it: held bytes flow on and the
-  silent connections are put through, as TCP retransmission would after a
-  real partition.
+  left silent; a connection one side closes meanwhile is closed on the other
+  side only after the thaw. `thaw` (or `restore`) heals it: held bytes, and
+  closes, flow on and the silent connections are put through, as TCP
+  retransmission would after a real partition.
 
 The pumps are threads of the process that made the proxy: freezing the proxy
 never pauses that process.
@@ -89,14 +90,18 @@ class Proxy:
             threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        with contextlib.suppress(OSError):
+        try:
             while True:
                 self._flowing.wait()
                 data = source.recv(65536)
+                self._flowing.wait()  # read as the freeze began: held until the thaw
                 if not data:
                     break
-                self._flowing.wait()  # read as the freeze began: held until the thaw
                 sink.sendall(data)
+        except OSError:
+            self._flowing.wait()
+        # One end closed (or reset) its connection: the other learns it only once bytes
+        # cross again, as a FIN or RST sent into a partition arrives after it heals.
         for end in (source, sink):
             with contextlib.suppress(OSError):
                 end.shutdown(socket.SHUT_RDWR)
