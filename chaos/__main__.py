@@ -15,6 +15,7 @@ from pathlib import Path
 from chaos.check import check_file, report
 from chaos.config import Config
 from chaos.etcd_cluster import EtcdCluster
+from chaos.network import WorkerLinks, endpoints
 from chaos.run import MYSQL_DEFAULT, PG_DEFAULT, drop, run, store_url
 
 
@@ -38,6 +39,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--no-fencing", action="store_true", help="control run: registers without tokens"
+    )
+    parser.add_argument(
+        "--no-local-deadline",
+        action="store_true",
+        help="control run: the workers switch the library's local lease deadline off",
+    )
+    parser.add_argument(
+        "--no-partitions",
+        action="store_true",
+        help="the workers connect straight, not through proxies: no partitions",
     )
     parser.add_argument(
         "--allow-restart", action="store_true", help="the nemesis may restart PostgreSQL"
@@ -94,19 +105,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--durability relaxed is for PostgreSQL and SQLite only")
     if args.backend == "mysql" and args.allow_restart:
         parser.error("--allow-restart restarts PostgreSQL only (never the shared MariaDB)")
+    partitions = args.backend != "sqlite" and not args.no_partitions
+    if args.no_local_deadline and not partitions:
+        parser.error(
+            "the control run (--no-local-deadline) needs partitions: postgres, mysql or etcd"
+        )
 
     args.history.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
         run_id = f"{args.seed}_{secrets.token_hex(3)}"
-        # On etcd, a private 3-member cluster whose members the nemesis kills and pauses.
-        members = EtcdCluster(Path(tmp) / "etcd") if args.backend == "etcd" else None
+        # On etcd, a private 3-member cluster whose members the nemesis kills, pauses and
+        # (its peers talking through proxies) cuts off.
+        members = (
+            EtcdCluster(Path(tmp) / "etcd", peer_proxies=partitions)
+            if args.backend == "etcd"
+            else None
+        )
+        url = (
+            members.url(f"chaos_{run_id}")
+            if members is not None
+            else store_url(args.backend, run_id, Path(tmp), args.pg, args.mysql)
+        )
+        # Each worker reaches the store through proxies of its own, which the nemesis freezes.
+        network = None
+        if partitions:
+            try:
+                network = WorkerLinks(endpoints(url), args.workers)
+            except ValueError as exc:
+                if members is not None:
+                    members.stop()
+                parser.error(f"{exc}; or run with --no-partitions")
         config = Config(
             backend=args.backend,
-            url=(
-                members.url(f"chaos_{run_id}")
-                if members is not None
-                else store_url(args.backend, run_id, Path(tmp), args.pg, args.mysql)
-            ),
+            url=url,
             run_id=run_id,
             seed=args.seed,
             duration=args.duration,
@@ -125,14 +156,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             hold=args.hold,
             think=args.think,
             dump_stalls=args.dump_stalls,
+            proxies=(
+                None
+                if network is None
+                else [network.addresses(slot) for slot in range(args.workers)]
+            ),
+            local_deadline=not args.no_local_deadline,
         )
         try:
-            run(config, args.history.with_suffix(".log"), members)
+            run(config, args.history.with_suffix(".log"), members, network)
         finally:
             if not args.keep:
                 drop(config)
             if members is not None:
                 members.stop()
+            if network is not None:
+                network.close()
     summary = check_file(args.history, args.summary)
     print(report(summary))
     return 0 if summary["safe"] and summary["valid"] else 1

@@ -12,6 +12,8 @@ import json
 from dataclasses import asdict, dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from chaos.network import through
+
 
 @dataclass(frozen=True)
 class Config:
@@ -53,6 +55,14 @@ class Config:
     dump_stalls: bool = False
     """Each worker writes every thread's stack to ``<history>.stalls/`` when an acquire runs
     `worker.STALL_GRACE` past its timeout (`worker.StallDumps`)."""
+    proxies: list[list[str]] | None = None
+    """Per worker slot, the addresses ("127.0.0.1:PORT") of the proxies through which its
+    worker reaches the store, one per server endpoint in the URL's order
+    (`chaos.network.WorkerLinks`); None: the workers connect straight (SQLite, or
+    ``--no-partitions``)."""
+    local_deadline: bool = True
+    """False for the control run (``--no-local-deadline``): the workers switch the library's
+    local lease deadline off, so a session is lost only when the database says so."""
 
     @property
     def app_id(self) -> str:
@@ -66,11 +76,18 @@ class Config:
         """The PostgreSQL application_name of one worker's connections."""
         return f"{self.app_id}-w{slot}"
 
+    @property
+    def partitions(self) -> bool:
+        """Whether the workers reach the store through proxies the nemesis can freeze."""
+        return self.proxies is not None
+
     def worker_url(self, slot: int) -> str:
-        """The store URL a worker connects with: on PostgreSQL its connections carry its name."""
+        """The store URL a worker connects with: through its own proxies, if any; on
+        PostgreSQL its connections carry its name."""
+        url = self.url if self.proxies is None else through(self.url, self.proxies[slot])
         if self.backend != "postgres":
-            return self.url
-        parts = urlsplit(self.url)
+            return url
+        parts = urlsplit(url)
         query = [*parse_qsl(parts.query), ("application_name", self.application_name(slot))]
         return urlunsplit(parts._replace(query=urlencode(query)))
 

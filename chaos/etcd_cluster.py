@@ -3,6 +3,12 @@
 The chaos harness (``--backend etcd``) and the tests start one; the nemesis
 and the fault tests kill, pause and restart its members through
 `EtcdCluster`. Nothing here touches any etcd the machine may run.
+
+With ``peer_proxies`` the members reach one another through proxies
+(`chaos.network.PeerLinks`): each member listens for its peers on a port of
+its own and advertises the port of a proxy in front of it, so that `cut` can
+cut one member off from the other two (both directions) while its clients
+still reach it.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import time
 from pathlib import Path
 
 from etcd3gw.client import Etcd3Client
+
+from chaos.network import PeerLinks
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 
@@ -33,21 +41,48 @@ def free_ports(n: int) -> list[int]:
 class EtcdCluster:
     """``size`` etcd members on loopback, started together."""
 
-    def __init__(self, root: Path, size: int = 3) -> None:
+    def __init__(self, root: Path, size: int = 3, *, peer_proxies: bool = False) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         ports = free_ports(2 * size)
         self.client_ports = ports[:size]
         self.peer_ports = ports[size:]
+        self.links = PeerLinks(self.peer_ports) if peer_proxies else None
+        self.advertised = self.peer_ports if self.links is None else self.links.ports
+        """The peer port each member advertises: its own, or its proxy's."""
         self.names = [f"m{i}" for i in range(size)]
         self.initial = ",".join(
             f"{name}=http://127.0.0.1:{port}"
-            for name, port in zip(self.names, self.peer_ports, strict=True)
+            for name, port in zip(self.names, self.advertised, strict=True)
         )
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * size
         for i in range(size):
             self.start(i)
         self.wait_healthy()
+        if self.links is not None:
+            self.links.name_members(self.member_ids())
+
+    @property
+    def cuttable(self) -> bool:
+        """Whether `cut` can cut a member off (the peers talk through proxies)."""
+        return self.links is not None
+
+    def cut(self, i: int) -> None:
+        """Cut member ``i`` off from the others: nothing crosses between them either way."""
+        assert self.links is not None, "start the cluster with peer_proxies=True"
+        self.links.cut(i)
+
+    def heal(self, i: int) -> None:
+        assert self.links is not None
+        self.links.heal(i)
+
+    def member_ids(self) -> dict[int, int]:
+        """Each running member's id -> its index."""
+        return {
+            int(self.member(i).status()["header"]["member_id"]): i
+            for i, proc in enumerate(self.procs)
+            if proc is not None
+        }
 
     @property
     def size(self) -> int:
@@ -73,7 +108,7 @@ class EtcdCluster:
                 "--listen-client-urls", client,
                 "--advertise-client-urls", client,
                 "--listen-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.advertised[i]}",
                 "--initial-cluster", self.initial,
                 "--initial-cluster-state", "new",
                 "--initial-cluster-token", f"lw-{os.getpid()}-{self.peer_ports[0]}",
@@ -169,3 +204,5 @@ class EtcdCluster:
                     proc.kill()
                     proc.wait()
             self.procs[i] = None
+        if self.links is not None:
+            self.links.close()

@@ -18,8 +18,13 @@ Record types (field ``type``):
 - ``invoke`` / ``ok`` / ``fail`` / ``info`` — an operation ``f`` (``acquire``,
   ``read``, ``write``, ``release``) of a ``process``, numbered ``op``: invoked,
   then known done, known not done, or unknown;
+- ``lost`` — the library told a process (its session's ``on_lost``) that its
+  session was lost (``reason``, the lease's ``deadline``); ``stopped`` — a
+  process stopped acting under the locks it held (``reason``: release,
+  lost, refused, unknown; ``told``, ``lease_left``, ``deadline``);
 - ``fault`` — the nemesis acted (``fault``: kill, pause, resume, kill-writer,
-  terminate, restart; ``slot``/``pid`` of the target);
+  terminate, restart, partition, heal, member-kill, member-cut, ...;
+  ``slot``/``pid`` of the target, ``slots`` of a partition);
 - ``end`` — the controller killed every worker; ``final`` — what the store
   and the registers held after the run and ``Store.clean()``.
 """

@@ -16,6 +16,17 @@ One fault at a time, a random interval apart (exponential, mean
 - ``member-kill`` (etcd) — SIGKILL one member of the cluster (the leader half
   the time) and start it again 0.5 to 3 s later; ``member-pause`` — SIGSTOP
   one member for 0.5 to 3 s. One member at a time: a majority stays up.
+- ``partition`` (PostgreSQL, MariaDB, etcd) — freeze one worker's proxies
+  (`chaos.network.WorkerLinks`), or every worker's (three times in ten), for
+  1 to 3 TTLs, then ``heal``: a blackhole between the workers and the store,
+  nothing crossing, nothing answering, nothing closed. The lone victim is
+  aimed at like a kill's. Partitions come `PARTITION_WEIGHT` times as often
+  as each other fault: a holder must stop by its own clock (`chaos.check`,
+  "Holding intervals");
+- ``member-cut`` (etcd) — cut one member (the leader half the time) off from
+  the other two, both ways, for 0.5 to 3 s, then ``member-heal``: its peer
+  links go through proxies (`chaos.network.PeerLinks`), its clients still
+  reach it.
 - ``clock-step`` (with ``--clock-steps``) — step one worker's wall clock
   6 hours forward or back (`chaos.clock`); its monotonic clock goes on.
 - ``kill-writer`` (SQLite) — SIGKILL a worker *inside* a write transaction.
@@ -39,7 +50,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -75,11 +86,26 @@ class Workers(Protocol):
         """SIGKILL the worker in ``slot`` and restart it soon; its pid (None if there was none)."""
 
 
+class Network(Protocol):
+    """What the nemesis needs of the workers' proxies (`chaos.network.WorkerLinks`)."""
+
+    def freeze(self, slots: Iterable[int]) -> None: ...
+
+    def thaw(self, slots: Iterable[int]) -> None: ...
+
+
 class Members(Protocol):
     """What the nemesis needs of an etcd cluster (`chaos.etcd_cluster.EtcdCluster`)."""
 
     @property
     def size(self) -> int: ...
+
+    @property
+    def cuttable(self) -> bool: ...
+
+    def cut(self, i: int) -> None: ...
+
+    def heal(self, i: int) -> None: ...
 
     def leader(self) -> int: ...
 
@@ -93,7 +119,17 @@ class Members(Protocol):
 
 
 MEMBER_DOWN = (0.5, 3.0)
-"""Seconds an etcd member stays killed or paused."""
+"""Seconds an etcd member stays killed, paused or cut off."""
+
+PARTITION_TTLS = (1.0, 3.0)
+"""A partition lasts this many TTLs: from shorter than a lease to well past it."""
+
+PARTITION_ALL = 0.3
+"""Chance that a partition cuts every worker off at once, not one."""
+
+PARTITION_WEIGHT = 2
+"""How many times as often as each other fault a partition is chosen: with the default
+``--fault-every`` of 3 s, about 4 a minute on PostgreSQL."""
 
 
 def pg_restart_command(*, crash: bool = False) -> list[str]:
@@ -113,6 +149,8 @@ class Nemesis(threading.Thread):
         board: Board,
         history: HistoryWriter,
         members: Members | None = None,
+        *,
+        network: Network | None = None,
     ) -> None:
         super().__init__(name="nemesis", daemon=True)
         self.config = config
@@ -120,6 +158,7 @@ class Nemesis(threading.Thread):
         self.board = board
         self.history = history
         self.members = members
+        self.network = network
         self.rng = random.Random(f"{config.seed}:nemesis")
         self.stopping = threading.Event()
         self.failed: BaseException | None = None
@@ -136,6 +175,14 @@ class Nemesis(threading.Thread):
         if members is not None:
             self._faults["member-kill"] = self.member_kill
             self._faults["member-pause"] = self.member_pause
+            if members.cuttable:
+                self._faults["member-cut"] = self.member_cut
+        if network is not None:
+            self._faults["partition"] = self.partition
+        self._menu = sorted(self._faults)
+        """The faults to choose from, each once, a partition `PARTITION_WEIGHT` times."""
+        if network is not None:
+            self._menu += ["partition"] * (PARTITION_WEIGHT - 1)
 
     def stop(self) -> None:
         """Stop after the fault under way (a paused worker is resumed at once)."""
@@ -153,7 +200,7 @@ class Nemesis(threading.Thread):
         due = time.monotonic() - self._last_restart >= self.config.restart_every
         if self.config.allow_restart and due:  # the first at half the interval, then one each
             return self.restart
-        return self._faults[self.rng.choice(sorted(self._faults))]
+        return self._faults[self.rng.choice(self._menu)]
 
     # -- choosing a victim ------------------------------------------------------------
 
@@ -203,6 +250,33 @@ class Nemesis(threading.Thread):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
             self.history.write("fault", fault="resume", slot=slot, pid=pid)
+
+    def partition(self) -> None:
+        """Cut one worker (mostly one holding locks) or all of them off from the store for
+        1 to 3 TTLs, then heal."""
+        assert self.network is not None
+        if self.rng.random() < PARTITION_ALL:
+            slot, pid, slots, state = None, None, list(range(self.config.workers)), None
+        elif (victim := self._victim()) is not None:
+            (slot, pid), slots, state = victim, [victim[0]], self._state(victim[0])
+        else:
+            return
+        seconds = self.config.ttl * self.rng.uniform(*PARTITION_TTLS)
+        self.network.freeze(slots)
+        self.history.write(
+            "fault",
+            fault="partition",
+            slot=slot,
+            pid=pid,
+            slots=slots,
+            state=state,
+            seconds=seconds,
+        )
+        try:
+            self.stopping.wait(seconds)
+        finally:
+            self.network.thaw(slots)
+            self.history.write("fault", fault="heal", slot=slot, slots=slots)
 
     def clock_step(self) -> None:
         """Step one worker's wall clock `chaos.clock.STEP` seconds forward or back."""
@@ -306,6 +380,18 @@ class Nemesis(threading.Thread):
         finally:
             self.members.resume(i)
             self.history.write("fault", fault="member-resume", member=i)
+
+    def member_cut(self) -> None:
+        """Cut an etcd member off from the other two for a while (its clients still reach it)."""
+        assert self.members is not None
+        i, leader = self._member()
+        self.members.cut(i)
+        self.history.write("fault", fault="member-cut", member=i, leader=leader)
+        try:
+            self.stopping.wait(self.rng.uniform(*MEMBER_DOWN))
+        finally:
+            self.members.heal(i)
+            self.history.write("fault", fault="member-heal", member=i)
 
     def kill_writer(self) -> None:
         """SIGKILL a worker frozen while it holds SQLite's write lock."""

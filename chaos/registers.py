@@ -38,11 +38,14 @@ class Registers(Protocol):
         """The value after the run (nobody holds anything any more)."""
 
 
-def registers_for(config: Config, store: Store, application_name: str = "chaos") -> Registers:
-    """The run's registers: fenced, or (``--no-fencing``) plain, on a connection named so."""
+def registers_for(
+    config: Config, store: Store, application_name: str = "chaos", url: str | None = None
+) -> Registers:
+    """The run's registers: fenced, or (``--no-fencing``) plain, on a connection named so,
+    to ``url`` (a worker's, through its proxy) or the run's."""
     if config.fencing:
         return FencedRegisters(store)
-    return PlainRegisters(config.url, application_name)
+    return PlainRegisters(url or config.url, application_name)
 
 
 class FencedRegisters:

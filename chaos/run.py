@@ -36,7 +36,7 @@ import psycopg
 import lockwarden
 from chaos.config import Config
 from chaos.history import HistoryWriter
-from chaos.nemesis import Members, Nemesis
+from chaos.nemesis import Members, Nemesis, Network
 from chaos.registers import PlainRegisters, registers_for
 from chaos.worker import Board
 from lockwarden.store.url import mysql_options, parse_url
@@ -158,10 +158,16 @@ def _mysql_server(url: str) -> Any:
     return MySQLdb.connect(**options, autocommit=True)
 
 
-def run(config: Config, log_path: Path, members: Members | None = None) -> None:
+def run(
+    config: Config,
+    log_path: Path,
+    members: Members | None = None,
+    network: Network | None = None,
+) -> None:
     """Run the workers and the nemesis for ``config.duration`` seconds, then record the end.
 
-    ``members``: the etcd cluster's members, for the nemesis to kill and pause.
+    ``members``: the etcd cluster's members, for the nemesis to kill, pause and cut off;
+    ``network``: the workers' proxies (`config.proxies`), for the nemesis to partition.
     """
     if config.backend == "mysql":
         with _mysql_server(config.url) as conn, conn.cursor() as cur:
@@ -175,7 +181,7 @@ def run(config: Config, log_path: Path, members: Members | None = None) -> None:
     board = Board(config.board, config.workers)
     with open(log_path, "ab") as log:
         pool = WorkerPool(config, history, log)
-        nemesis = Nemesis(config, pool, board, history, members)
+        nemesis = Nemesis(config, pool, board, history, members, network=network)
         try:
             pool.start()
             nemesis.start()

@@ -16,6 +16,20 @@ Each loop: pick one or two lock names, each read or write; acquire them
 the critical section; write each write-locked register plus one and read
 each read-locked one again; release. Every step is an operation in the
 history: invoke, then ok / fail / info.
+
+A worker stops acting under its locks the moment the library says they are
+lost. Its session's ``on_lost`` (`Told`) records a ``lost`` record and sets an
+event; the sleep inside the critical section waits on that event, and no
+register access is invoked once it is set (the check and the invoke record
+are made under the lock ``on_lost`` takes, so an access is either recorded
+before the ``lost`` record or never sent). When it stops acting — before its
+release, at a refusal by a register, at an error of unknown outcome, or on
+being told of the loss — it writes a ``stopped`` record: why, whether it had
+been told, and what `Session.lease_left` said then (`chaos.check`, "Holding
+intervals"). With ``local_deadline`` off (the control run) the worker
+replaces `lockwarden.store.lease.deadline` by one that never comes, so its
+sessions are lost only when the database says so, as before the library
+kept a deadline of its own.
 """
 
 from __future__ import annotations
@@ -23,10 +37,12 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import functools
+import math
 import mmap
 import os
 import random
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,7 +54,7 @@ from chaos.config import Config
 from chaos.history import HistoryWriter
 from chaos.registers import registers_for
 from lockwarden import LockError, LockLost, StoreError
-from lockwarden.store import Session, Stamp, Store
+from lockwarden.store import Session, Stamp, Store, lease
 
 T = TypeVar("T")
 
@@ -89,6 +105,72 @@ class Retire(Exception):
     """The current process must give up its session (lost, or an outcome is unknown)."""
 
 
+class Stop(Exception):
+    """The library said the session's locks are lost: act no more under them."""
+
+
+def _finite(seconds: float) -> float | None:
+    """A time for the history: None for infinity (no local deadline: the control run)."""
+    return seconds if math.isfinite(seconds) else None
+
+
+def lease_end(session: Session) -> float | None:
+    """The session's lease deadline on the monotonic clock (None if it has none).
+
+    `Session.expires_at` converted: it stays the last deadline once the session is
+    lost, when `Session.lease_left` says 0. The two clocks are read together; a
+    wall clock stepped in between (``--clock-steps``) would show as hours off, and
+    gives None instead.
+    """
+    now, wall = time.monotonic(), time.time()
+    left = session.expires_at - wall
+    return now + left if math.isfinite(left) and abs(left) < 3600 else None
+
+
+class Told:
+    """A process's ``on_lost``: records when the library said the session was lost, and
+    guards every access to a register against coming after that.
+
+    The ``lost`` record is written and the event set under one lock, which
+    `acting` takes around its check of the event and the access's invoke record:
+    an access is recorded before the ``lost`` record, or refused (`Stop`).
+    """
+
+    def __init__(self, history: HistoryWriter, process: str) -> None:
+        self.history = history
+        self.process = process
+        self.session: Session | None = None
+        self.event = threading.Event()
+        self._lock = threading.Lock()
+
+    def on_lost(self, exc: LockLost) -> None:
+        with self._lock:
+            if self.event.is_set():
+                return
+            deadline = None if self.session is None else lease_end(self.session)
+            self.history.write(
+                "lost", process=self.process, reason=str(exc)[:300], deadline=deadline
+            )
+            self.event.set()
+
+    @property
+    def told(self) -> bool:
+        return self.event.is_set()
+
+    @contextlib.contextmanager
+    def acting(self) -> Iterator[None]:
+        """Around the invoke record of an access under the lock: `Stop` if told already."""
+        with self._lock:
+            if self.event.is_set():
+                raise Stop
+            yield
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep inside the critical section; `Stop` at once if told meanwhile."""
+        if self.event.wait(seconds):
+            raise Stop
+
+
 class Client:
     """One Jepsen process: a session, and its numbered operations recorded as it does them."""
 
@@ -96,21 +178,31 @@ class Client:
         self.history = history
         self.process = process
         self.session = session
+        self.holding = False
+        """From a grant until its ``stopped`` record."""
         self._ops = 0
 
     def perform(
-        self, f: str, call: Callable[[], T], result: Callable[[T], dict[str, Any]], **fields: Any
+        self,
+        f: str,
+        call: Callable[[], T],
+        result: Callable[[T], dict[str, Any]],
+        guard: Told | None = None,
+        **fields: Any,
     ) -> T:
         """Record ``f`` invoked, run ``call``, record how it ended, and return or raise.
 
         A `StoreError` (the database did not answer, or not in time) leaves
         the outcome unknown: "info", and the process retires. Any other
         `LockError` is a known failure ("fail"), re-raised for the caller.
-        Anything else is a bug: "info", and it ends the worker.
+        Anything else is a bug: "info", and it ends the worker. With ``guard``
+        (an access under a lock), `Stop` instead of the invocation if the
+        session was said lost.
         """
+        op = {"process": self.process, "op": self._ops + 1, "f": f}
+        with guard.acting() if guard is not None else contextlib.nullcontext():
+            self.history.write("invoke", **op, **fields)
         self._ops += 1
-        op = {"process": self.process, "op": self._ops, "f": f}
-        self.history.write("invoke", **op, **fields)
         try:
             value = call()
         except Exception as exc:
@@ -168,22 +260,28 @@ class Worker:
         self.store = self._until_reachable(
             lambda: lockwarden.connect(config.worker_url(slot), durability=config.durability)
         )
-        self.registers = registers_for(config, self.store, config.application_name(slot))
+        self.registers = registers_for(
+            config, self.store, config.application_name(slot), config.worker_url(slot)
+        )
         self.stalls = StallDumps(config.history, slot) if config.dump_stalls else None
 
     def run(self) -> None:
         for n in range(sys.maxsize):
             process = f"{self.slot}.{self.incarnation}.{n}"
+            told = Told(self.history, process)
             session = self._until_reachable(
-                lambda: self.store.session(app_id=self.config.app_id, ttl=self.config.ttl)
+                functools.partial(
+                    self.store.session, self.config.app_id, self.config.ttl, told.on_lost
+                )
             )
+            told.session = session
             self.history.write(
                 "process", process=process, slot=self.slot, pid=os.getpid(), session=session.id
             )
             client = Client(self.history, process, session)
             try:
                 while True:
-                    self._operation(client)
+                    self._operation(client, told)
             except Retire as why:
                 self.history.write("retire", process=process, reason=str(why)[:300])
             self.board.set(self.slot, Board.IDLE)
@@ -208,7 +306,7 @@ class Worker:
         names = self.rng.sample(self.config.lock_names, count)
         return [(name, "read" if self.rng.random() < READ_MODE else "write") for name in names]
 
-    def _operation(self, client: Client) -> None:
+    def _operation(self, client: Client, told: Told) -> None:
         self._exit_if_orphaned()
         items = self._pick()
         timeout = ACQUIRE_TIMEOUT * self.config.ttl
@@ -246,7 +344,13 @@ class Worker:
             self.board.set(self.slot, Board.IDLE)
             return
         self.board.set(self.slot, Board.HOLDING)
-        self._critical_section(client, stamp, items)
+        client.holding = True
+        try:
+            if self._critical_section(client, stamp, items, told):
+                self._stopped(client, told, "release")
+        except Retire:
+            self._stopped(client, told, "unknown")
+            raise
         self.board.set(self.slot, Board.RELEASING)
         with contextlib.suppress(LockLost):  # recorded: the lock was lost before the release
             client.perform("release", stamp.release, _nothing, names=list(stamp.tokens))
@@ -255,18 +359,23 @@ class Worker:
             raise Retire("the session was lost")
         time.sleep(self.rng.uniform(0, self.config.think))
 
-    def _critical_section(self, client: Client, stamp: Stamp, items: list[tuple[str, str]]) -> None:
-        """Read every register, maybe sleep, then write (write locks) or read again (read locks).
+    def _critical_section(
+        self, client: Client, stamp: Stamp, items: list[tuple[str, str]], told: Told
+    ) -> bool:
+        """Read every register, maybe sleep, then write (write locks) or read again (read locks);
+        whether it ran to its end (else it recorded why it stopped).
 
         A register that refuses the token means the lock was lost: stop, and
         ask the store (``check``) whether it still counted us as the holder.
+        Told that the session was lost (`Told`), it stops at once: the sleep
+        ends, and no further access is sent.
         """
         tokens = stamp.tokens
         try:
-            values = {name: self._read(client, name, tokens[name]) for name, _ in items}
+            values = {name: self._read(client, name, tokens[name], told) for name, _ in items}
             self.board.set(self.slot, Board.MIDWAY)
             if self.rng.random() < SLEEP_INSIDE:
-                time.sleep(self.rng.uniform(0, self.config.hold * self.config.ttl))
+                told.sleep(self.rng.uniform(0, self.config.hold * self.config.ttl))
             for name, mode in items:
                 if mode == "write":
                     value = values[name] + 1
@@ -274,21 +383,45 @@ class Worker:
                         "write",
                         functools.partial(self.registers.write, name, tokens[name], value),
                         _nothing,
+                        told,
                         name=name,
                         token=tokens[name],
                         value=value,
                     )
                 else:
-                    self._read(client, name, tokens[name])
+                    self._read(client, name, tokens[name], told)
+        except Stop:
+            self._stopped(client, told, "lost")
+            return False
         except LockLost:
+            self._stopped(client, told, "refused")
             with contextlib.suppress(LockLost):  # recorded: the store agrees the lock was lost
                 client.perform("check", stamp.check, _nothing, names=list(tokens))
+            return False
+        return True
 
-    def _read(self, client: Client, name: str, token: int) -> int:
+    def _stopped(self, client: Client, told: Told, reason: str) -> None:
+        """Record that the process acts no more under its locks, why, and its lease then
+        (once a grant: a check after a refusal may yet fail)."""
+        if not client.holding:
+            return
+        client.holding = False
+        left = client.session.lease_left
+        self.history.write(
+            "stopped",
+            process=client.process,
+            reason=reason,
+            told=told.told,
+            lease_left=_finite(left),
+            deadline=lease_end(client.session),
+        )
+
+    def _read(self, client: Client, name: str, token: int, told: Told) -> int:
         return client.perform(
             "read",
             lambda: self.registers.read(name, token),
             lambda value: {"value": value},
+            told,
             name=name,
             token=token,
         )
@@ -315,11 +448,18 @@ def _held_by(store: Store, session: Session, names: list[str]) -> list[str]:
     )
 
 
+def _never(sent: float, ttl: float) -> float:
+    """`lockwarden.store.lease.deadline` for the control run: the lease never ends locally."""
+    return math.inf
+
+
 def main(argv: list[str]) -> None:
     config_json, slot, incarnation = argv
     config = Config.from_json(config_json)
     if config.clock_steps:
         clock.install()
+    if not config.local_deadline:  # the control run: lost only when the database says so
+        lease.deadline = _never
     Worker(config, int(slot), int(incarnation)).run()
 
 

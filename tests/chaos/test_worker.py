@@ -1,8 +1,11 @@
 """The worker's look for names a refused multi-lock left held waits for the session's
-releases retried in the background, and says how many were still pending."""
+releases retried in the background, and says how many were still pending; told of a
+loss, it stops at once; its deadline is its lease's end, and the control run has none."""
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,8 +13,10 @@ from pathlib import Path
 import pytest
 
 import lockwarden
-from chaos.worker import StallDumps, _settled
-from lockwarden.store import Session
+from chaos.history import HistoryWriter, load_history
+from chaos.worker import Client, StallDumps, Stop, Told, _never, _settled, lease_end
+from lockwarden import LockLost
+from lockwarden.store import Session, lease
 from tests.conftest import resume_heartbeat, stop_heartbeat
 
 
@@ -61,3 +66,48 @@ def test_stall_dumps_write_the_stacks_of_an_acquire_that_overruns_only(tmp_path:
     assert first.startswith("3.0.1 acquire at ") and "Timeout" not in first
     assert second.startswith("3.0.2 acquire at ") and "Timeout (0:00:00" in second
     assert "test_stall_dumps_write_the_stacks_of_an_acquire_that_overruns_only" in second
+
+
+def test_told_of_a_loss_a_worker_wakes_from_its_sleep_and_sends_no_access(
+    tmp_path: Path,
+) -> None:
+    history = HistoryWriter(tmp_path / "h.jsonl")
+    told = Told(history, "0.0.0")
+    client = Client(history, "0.0.0", session=None)  # type: ignore[arg-type]
+    assert client.perform("read", lambda: 5, lambda v: {"value": v}, told, name="n0") == 5
+    threading.Timer(0.1, told.on_lost, [LockLost("lease ran out")]).start()
+    began = time.monotonic()
+    with pytest.raises(Stop):
+        told.sleep(10.0)
+    assert time.monotonic() - began < 2.0
+    sent: list[int] = []
+    with pytest.raises(Stop):
+        client.perform("write", lambda: sent.append(1), lambda _: {}, told, name="n0", value=1)
+    told.on_lost(LockLost("again"))  # on_lost is called once; a second call records nothing
+    assert sent == []
+    records, _ = load_history(tmp_path / "h.jsonl")
+    kinds = [(r["type"], r.get("f")) for r in records]
+    assert kinds == [("invoke", "read"), ("ok", "read"), ("lost", None)]
+    assert records[2]["time"] - began >= 0.1
+
+
+def test_a_sessions_deadline_is_its_lease_end_and_the_control_run_has_none(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    end = lease_end(session)
+    assert end is not None
+    assert abs(end - (time.monotonic() + session.lease_left)) < 0.05
+    assert 0 < session.lease_left <= 2.0 * 0.9
+    # The control run's worker replaces the library's deadline: a lease without an end.
+    monkeypatch.setattr(lease, "deadline", _never)
+    other = session._store.session(app_id="worker", ttl=2.0)
+    try:
+        assert math.isinf(other.lease_left)
+        assert lease_end(other) is None
+        for silent in (session, other):  # no heartbeat from now on; the lease timer runs
+            session._store._heartbeat.remove(silent)
+        time.sleep(2.0)
+        assert session.lost  # past its local deadline
+        assert not other.lost  # lost only when the database says so
+    finally:
+        other.close()
