@@ -46,17 +46,52 @@ Safety (each must be 0):
   holders at once. A refused holder that nobody had overtaken is counted
   apart, as ``false_refusals``: not unsafe, but an access it was entitled
   to was refused.
+- ``holding_overlaps`` — two holds of one name, by different processes, in
+  conflicting modes (two writers, or a writer and a reader), whose *holding
+  intervals* overlap (see "Holding intervals" below): two workers acting
+  under the lock at the same instant of the machine's monotonic clock.
 - ``locks_after_clean``, ``waiters_after_clean`` — rows left after the run,
   once every worker was killed, a TTL passed (on etcd 2.5 s more: ``run.LEASE_LATE``)
   and ``Store.clean()`` ran.
 
-Liveness (reported, not judged): for each write holder killed or paused,
-the time from that moment to the next grant of a name it held, to another
-process, counted when that request was made within one TTL of the death
-(otherwise it measures an idle name, not a recovery). Readers are left out:
+Holding intervals: a worker that was granted a lock never holds it past its
+own local deadline, and no two workers' holding intervals on one name
+overlap. A hold's interval runs from the completion (ok) of its acquire to
+the moment its worker stopped acting under the lock: the earliest of its
+``stopped`` record (written before the release is invoked, at a refusal by
+a register, at an error of unknown outcome, or when the worker saw that it
+had been told of the loss), the ``lost`` record of its process (the
+library's ``on_lost``: no access is invoked after it, `chaos.worker.Told`),
+its release's invocation, and the end of its process (its retirement, the
+record of the kill that ended it, or the end of the run) — but never before
+the invocation of its last register access. A request already sent when
+the worker stopped may still arrive later (a partition holds it): that is
+the fences' to refuse, and the register checks above judge it. Times are
+the records' ``time.monotonic()``, one clock for every process of the host.
+Holds whose worker the nemesis paused (SIGSTOP; a ``pause`` record of its
+pid at or before the interval's end, its ``resume`` at or after its start)
+are left out: a frozen process cannot stop itself, which is what fencing
+is for. The local deadline of a hold is its session's lease end as the
+worker recorded it (``deadline`` in its ``stopped`` or ``lost`` record,
+from `Session.expires_at`). ``held_past_local_deadline`` (an observation,
+not a violation) counts the holds whose interval ended more than
+`LATE_TOLERANCE` after it: the library keeps a tenth of the TTL between the
+local deadline and the first moment the database may pass the lock on, for
+its timer thread and the program to act in; whether a late stop ever let
+two holders overlap is what ``holding_overlaps`` decides, from the grants
+actually made, and a verdict that hung on the host's scheduling delays would
+say more about the load than about the locks. Those past the whole margin
+are counted apart (``beyond_margin``).
+
+Liveness (reported, not judged): for each write holder killed, paused or cut
+off alone by a partition, the time from that moment to the next grant of a
+name it held, to another process, counted when that request was made within
+one TTL of the death (otherwise it measures an idle name, not a recovery). Readers are left out:
 live readers sharing the name hold it up as well; each
 PostgreSQL restart and the time to the next grant after it; the longest a
-process went without recording anything.
+process went without recording anything. A recovery whose taker was itself
+cut off by a partition meanwhile is not measured: it would measure that
+partition.
 """
 
 from __future__ import annotations
@@ -87,12 +122,23 @@ SAFETY = (
     "read_write_exclusion",
     "partial_multi_locks",
     "refused_live_holders",
+    "holding_overlaps",
     "locks_after_clean",
     "waiters_after_clean",
 )
 
-DEATHS = ("kill", "kill-writer", "pause")
-"""Faults after which a holder stops: its locks must come free within about a TTL."""
+DEATHS = ("kill", "kill-writer", "pause", "partition")
+"""Faults after which a holder stops, or is out of reach: its locks must come free within
+about a TTL (a partition of one worker; one of every worker leaves nobody to take them)."""
+
+LATE_TOLERANCE = 0.05
+"""Seconds a hold may run past its local deadline before it counts as held past it: the
+lease timer's thread must wake, the loss's reporter thread start and the worker's main
+thread wake on a loaded 2-core host (about a millisecond when idle)."""
+
+LEASE_MARGIN = 0.1
+"""The fraction of the TTL between a holder's local deadline and the first moment the
+database may pass its locks on (`lockwarden.store.lease.MARGIN`)."""
 
 
 @dataclass
@@ -146,6 +192,16 @@ class Hold:
     end: float = math.inf
     ops: list[Op] = field(default_factory=list)
     released: Op | None = None
+    stopped: Record | None = None
+    """The worker's ``stopped`` record for this hold."""
+    held_until: float = math.inf
+    """The end of its holding interval (module doc, "Holding intervals")."""
+    deadline: float | None = None
+    """Its session's lease end as the worker recorded it (None: unknown, or none)."""
+    told: float | None = None
+    """When the library told its process the session was lost, if it did during the hold."""
+    paused: bool = False
+    """Its worker was paused (SIGSTOP) during the holding interval: left out."""
 
 
 @dataclass
@@ -164,6 +220,12 @@ class History:
     final: Record | None
     crashes: list[Record]
     skipped: int
+    slots: dict[str, int] = field(default_factory=dict)
+    """Process -> its worker's slot."""
+    lost: dict[str, Record] = field(default_factory=dict)
+    """Process -> the ``lost`` record its ``on_lost`` wrote."""
+    stops: dict[str, list[Record]] = field(default_factory=dict)
+    """Process -> its ``stopped`` records, in order."""
 
 
 def parse(records: Iterable[Record], skipped: int = 0) -> History:
@@ -178,6 +240,7 @@ def parse(records: Iterable[Record], skipped: int = 0) -> History:
     final = None
     crashes = []
     end_time = math.inf
+    records = list(records)
     for record in records:
         kind = record["type"]
         if kind == "run":
@@ -212,10 +275,39 @@ def parse(records: Iterable[Record], skipped: int = 0) -> History:
     for process in started:
         ended.setdefault(process, end_time)
     history = History(
-        config, ops, [], faults, pids, started, ended, retired, final, crashes, skipped
+        config,
+        ops,
+        [],
+        faults,
+        pids,
+        started,
+        ended,
+        retired,
+        final,
+        crashes,
+        skipped,
+        *_worker_notes(records),
     )
     history.holds = _holds(history)
+    _holding_intervals(history)
     return history
+
+
+def _worker_notes(
+    records: Iterable[Record],
+) -> tuple[dict[str, int], dict[str, Record], dict[str, list[Record]]]:
+    """Each process's slot, its ``lost`` record and its ``stopped`` records."""
+    slots: dict[str, int] = {}
+    lost: dict[str, Record] = {}
+    stops: dict[str, list[Record]] = defaultdict(list)
+    for record in records:
+        if record["type"] == "process" and "slot" in record:
+            slots[record["process"]] = record["slot"]
+        elif record["type"] == "stopped":
+            stops[record["process"]].append(record)
+        elif record["type"] == "lost":
+            lost.setdefault(record["process"], record)
+    return slots, lost, dict(stops)
 
 
 def _victim(
@@ -261,6 +353,71 @@ def _holds(history: History) -> list[Hold]:
     return holds
 
 
+def _windows(h: History, begin: str, end: str, key: str) -> dict[Any, list[tuple[float, float]]]:
+    """Spans between a fault and the fault that ends it (``begin``/``end``), by ``key`` of
+    their records ("pid" for pauses, "slots" for partitions: one span per slot). A span
+    never ended lasts to infinity."""
+    spans: dict[Any, list[tuple[float, float]]] = defaultdict(list)
+    opened: dict[Any, float] = {}
+    for fault in h.faults:
+        if fault["fault"] not in (begin, end):
+            continue
+        keys = fault.get(key) if key == "slots" else [fault.get(key)]
+        for k in keys or ():
+            if fault["fault"] == begin:
+                opened[k] = fault["time"]
+            elif k in opened:
+                spans[k].append((opened.pop(k), fault["time"]))
+    for k, at in opened.items():
+        spans[k].append((at, math.inf))
+    return spans
+
+
+def pauses(h: History) -> dict[Any, list[tuple[float, float]]]:
+    """Pid -> the spans it was paused (SIGSTOP) by the nemesis."""
+    return _windows(h, "pause", "resume", "pid")
+
+
+def partitions(h: History) -> dict[Any, list[tuple[float, float]]]:
+    """Worker slot -> the spans its proxies were frozen."""
+    return _windows(h, "partition", "heal", "slots")
+
+
+def _within(spans: Sequence[tuple[float, float]], start: float, end: float) -> bool:
+    """Whether any span meets [start, end]."""
+    return any(a <= end and b >= start for a, b in spans)
+
+
+def _holding_intervals(h: History) -> None:
+    """Set each hold's `Hold.held_until`, `deadline`, `told` and `paused` (module doc,
+    "Holding intervals")."""
+    by_process: dict[str, list[Hold]] = defaultdict(list)
+    for hold in h.holds:
+        by_process[hold.process].append(hold)
+    paused = pauses(h)
+    for process, holds in by_process.items():
+        starts = [hold.start for hold in holds]
+        for stop in h.stops.get(process, ()):
+            i = bisect.bisect_right(starts, stop["time"]) - 1
+            if i >= 0 and holds[i].stopped is None:
+                holds[i].stopped = stop
+        lost = h.lost.get(process)
+        for hold in holds:
+            until = hold.end  # the release's invocation, or the end of the process
+            if hold.stopped is not None:
+                until = min(until, hold.stopped["time"])
+                hold.deadline = hold.stopped.get("deadline")
+            if lost is not None and lost["time"] <= until:
+                hold.told = lost["time"]
+                until = min(until, lost["time"])
+                if lost.get("deadline") is not None:
+                    hold.deadline = lost["deadline"]
+            accesses = [op.t0 for op in hold.ops if op.f in ("read", "write")]
+            hold.held_until = max(hold.start, until, *accesses)
+            spans = paused.get(h.pids.get(process), ())
+            hold.paused = _within(spans, hold.start, hold.held_until)
+
+
 # -- the checks -----------------------------------------------------------------------
 
 
@@ -283,6 +440,10 @@ class Checker:
         self.writes: dict[str, list[Access]] = defaultdict(list)
         self.unknown_writes: dict[str, list[Access]] = defaultdict(list)
         self.false_refusals = 0
+        self.overtaken: set[int] = set()
+        """The holds (their ids) that a later conflicting grant overlapped."""
+        self.overtaking: set[int] = set()
+        """The grants (their holds' ids) made while a conflicting hold went on."""
         for hold in history.holds:
             for op in hold.ops:
                 if op.f not in ("read", "write"):
@@ -309,6 +470,7 @@ class Checker:
         self.grant_order()
         self.partial_multi_locks()
         self.refused_holders()
+        self.holding_overlaps()
         self.leftovers()
 
     def _final_registers(self) -> dict[str, int]:
@@ -425,12 +587,49 @@ class Checker:
             else:
                 self.false_refusals += 1
 
+    def holding_overlaps(self) -> None:
+        """Two holds of a name in conflicting modes, by different processes, neither paused,
+        whose holding intervals overlap (each began before the other ended)."""
+        by_name: dict[str, list[Hold]] = defaultdict(list)
+        for hold in self.h.holds:
+            if not hold.paused:
+                for name in hold.modes:
+                    by_name[name].append(hold)
+        for name, holds in sorted(by_name.items()):
+            active: list[Hold] = []
+            for hold in sorted(holds, key=lambda x: x.start):
+                active = [a for a in active if a.held_until > hold.start]
+                for other in active:
+                    if other.process != hold.process and "write" in (
+                        other.modes[name],
+                        hold.modes[name],
+                    ):
+                        self.flag("holding_overlaps", [_held(other, name), _held(hold, name)])
+                        self.overtaken.add(id(other))
+                        self.overtaking.add(id(hold))
+                active.append(hold)
+
     def leftovers(self) -> None:
         if self.h.final is None:
             return
         for key, kind in (("locks", "locks_after_clean"), ("waiters", "waiters_after_clean")):
             for row in self.h.final[key]:
                 self.flag(kind, row)
+
+
+def _held(hold: Hold, name: str) -> dict[str, Any]:
+    """A hold of ``name``, for an example in the summary."""
+    return {
+        "process": hold.process,
+        "name": name,
+        "mode": hold.modes[name],
+        "token": hold.tokens.get(name),
+        "start": round(hold.start, 4),
+        "held_until": round(hold.held_until, 4),
+        "stopped": None if hold.stopped is None else hold.stopped.get("reason"),
+        "told": None if hold.told is None else round(hold.told, 4),
+        "deadline": None if hold.deadline is None else round(hold.deadline, 4),
+    }
 
 
 def _order_violations(
@@ -466,7 +665,7 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def liveness(h: History) -> dict[str, Any]:
-    """How long a dead (killed or paused) write holder kept the next requester of its locks
+    """How long a dead (killed, paused or cut off) write holder kept the next requester of its locks
     waiting: the name came free when its lease ran out, if the store is live."""
     ttl = float(h.config.get("ttl", 0))
     grants: dict[str, list[Hold]] = defaultdict(list)
@@ -476,8 +675,10 @@ def liveness(h: History) -> dict[str, Any]:
         for name in hold.tokens:
             grants[name].append(hold)
     granted_at = {name: [g.acquire.t1 for g in found] for name, found in grants.items()}
+    cut_off = partitions(h)
     recoveries: list[tuple[float, dict[str, Any]]] = []
     unmeasured = 0
+    partitioned = 0
     for fault in h.faults:
         if (
             fault["fault"] not in DEATHS
@@ -496,6 +697,9 @@ def liveness(h: History) -> dict[str, Any]:
                 if grant is None or grant.acquire.t0 > died + ttl:
                     unmeasured += 1  # nobody wanted the name soon after: nothing to measure
                     continue
+                if _within(cut_off.get(h.slots.get(grant.process), ()), died, grant.acquire.t1):
+                    partitioned += 1  # it would measure the taker's partition
+                    continue
                 took = grant.acquire.t1 - died
                 example = {"fault": fault["fault"], "name": name, "seconds": round(took, 3)}
                 recoveries.append((took, example))
@@ -505,6 +709,7 @@ def liveness(h: History) -> dict[str, Any]:
         "ttl": ttl,
         "recoveries": len(seconds),
         "unmeasured": unmeasured,
+        "partitioned": partitioned,
         "p50": _round(_percentile(seconds, 50)),
         "p99": _round(_percentile(seconds, 99)),
         "max": _round(_percentile(seconds, 100)),
@@ -597,6 +802,92 @@ def observations(h: History, checker: Checker) -> dict[str, Any]:
     }
 
 
+def holding(h: History, checker: Checker) -> dict[str, Any]:
+    """The holding intervals at a glance: how the holds ended, how late against their local
+    deadlines, and what the partitions cut short (module doc, "Holding intervals")."""
+    ttl = float(h.config.get("ttl", 0))
+    measured = [hold for hold in h.holds if not hold.paused]
+    late = [
+        hold.held_until - hold.deadline
+        for hold in measured
+        if hold.deadline is not None and math.isfinite(hold.held_until)
+    ]
+    after_loss = [
+        hold.held_until - hold.deadline
+        for hold in measured
+        if hold.told is not None and hold.deadline is not None
+    ]
+    released = [
+        float(hold.stopped["lease_left"])
+        for hold in measured
+        if hold.stopped is not None
+        and hold.stopped.get("reason") == "release"
+        and hold.stopped.get("lease_left") is not None
+    ]
+    past = [x for x in late if x > LATE_TOLERANCE]
+    cut_off = partitions(h)
+    cut_short = [
+        hold
+        for hold in measured
+        if hold.told is not None
+        and _within(cut_off.get(h.slots.get(hold.process), ()), hold.told, hold.told)
+    ]
+    grants: dict[str, list[Hold]] = defaultdict(list)
+    for hold in sorted(h.holds, key=lambda x: x.start):
+        for name in hold.modes:
+            grants[name].append(hold)
+    starts = {name: [g.start for g in found] for name, found in grants.items()}
+    leads = [lead for hold in cut_short if (lead := _lead(grants, starts, hold)) is not None]
+    spans = [f for f in h.faults if f["fault"] == "partition"]
+    return {
+        "tolerance": LATE_TOLERANCE,
+        "holds": len(measured),
+        "paused_left_out": len(h.holds) - len(measured),
+        "stopped": dict(
+            Counter(
+                hold.stopped["reason"] if hold.stopped is not None else "no record"
+                for hold in measured
+            )
+        ),
+        "told_while_holding": sum(1 for hold in measured if hold.told is not None),
+        "holds_overtaken": len(checker.overtaken),
+        "grants_overtaking": len(checker.overtaking),
+        "held_past_local_deadline": len(past),
+        "beyond_margin": sum(1 for x in late if x > LEASE_MARGIN * ttl),
+        "after_deadline": {
+            "measured": len(after_loss),
+            "p50": _round(_percentile(after_loss, 50)),
+            "max": _round(_percentile(after_loss, 100)),
+        },
+        "least_lease_left_at_release": _round(min(released, default=None)),
+        "partitions": len(spans),
+        "partitions_of_every_worker": sum(1 for f in spans if f.get("slot") is None),
+        "cut_short_by_partition": len(cut_short),
+        "lead_over_next_grant": {
+            "measured": len(leads),
+            "min": _round(min(leads, default=None)),
+            "p50": _round(_percentile(leads, 50)),
+        },
+    }
+
+
+def _lead(
+    grants: dict[str, list[Hold]], starts: dict[str, list[float]], hold: Hold
+) -> float | None:
+    """How long before the next conflicting grant of one of its names, to another process,
+    the hold's interval ended (negative: an overlap); None if no such grant came.
+    ``grants``: each name's holds by their start; ``starts``: those starts."""
+    nexts = []
+    for name, mode in hold.modes.items():
+        later = grants[name][bisect.bisect_right(starts[name], hold.start) :]
+        nexts += [
+            other.start
+            for other in later
+            if other.process != hold.process and "write" in (mode, other.modes[name])
+        ][:1]
+    return None if not nexts else min(nexts) - hold.held_until
+
+
 def summarize(h: History) -> dict[str, Any]:
     checker = Checker(h)
     checker.run()
@@ -632,6 +923,10 @@ def summarize(h: History) -> dict[str, Any]:
                 "think",
                 "run_id",
             )
+        }
+        | {
+            "partitions": bool(h.config.get("proxies")),
+            "local_deadline": h.config.get("local_deadline", True),
         },
         "safe": not any(checker.violations.values()),
         "valid": valid,
@@ -646,6 +941,7 @@ def summarize(h: History) -> dict[str, Any]:
         "violations": checker.violations,
         "examples": dict(checker.examples),
         "observations": observations(h, checker),
+        "holding": holding(h, checker),
         "liveness": liveness(h),
         "registers": registers,
         "cleaned": None if h.final is None else h.final.get("cleaned"),
@@ -657,9 +953,11 @@ def report(summary: dict[str, Any]) -> str:
     """The summary in words, for a person."""
     run, ops, live = summary["run"], summary["operations"], summary["liveness"]
     fencing = "on" if run["fencing"] else "OFF (control run)"
+    deadline = "" if run.get("local_deadline", True) else ", local deadline OFF (control run)"
     lines = [
         f"chaos run {run['run_id']}: {run['backend']}, {run['duration']:g} s, seed {run['seed']}, "
-        f"{run['workers']} workers, {run['names']} names, TTL {run['ttl']:g} s, fencing {fencing}",
+        f"{run['workers']} workers, {run['names']} names, TTL {run['ttl']:g} s, fencing {fencing}"
+        + deadline,
         f"operations: {ops['total']}; "
         + "; ".join(
             f"{f} " + " / ".join(f"{t} {n}" for t, n in sorted(c.items()))
@@ -687,6 +985,9 @@ def report(summary: dict[str, Any]) -> str:
         f"their lease ({seen['grants_overtaking_them']} grants made meanwhile); "
         f"{seen['false_refusals']} refusals of holders nobody overtook"
     )
+    held = summary.get("holding")
+    if held is not None:  # older summaries lack it
+        lines.append(_holding_line(held))
     if live["recoveries"]:
         lines.append(
             f"liveness: {live['recoveries']} recoveries after a write holder died: "
@@ -716,6 +1017,31 @@ def report(summary: dict[str, Any]) -> str:
         )
     )
     return "\n".join(lines)
+
+
+def _seconds(value: float | None) -> str:
+    return "n/a" if value is None else f"{value} s"
+
+
+def _holding_line(held: dict[str, Any]) -> str:
+    after, lead = held["after_deadline"], held["lead_over_next_grant"]
+    line = (
+        f"holding intervals: {held['holds']} holds ({held['paused_left_out']} paused, left out), "
+        f"{held['holds_overtaken']} overlapped by {held['grants_overtaking']} later grants; "
+        f"{held['told_while_holding']} told of a loss "
+        f"while holding, stopped after the local deadline by p50 {_seconds(after['p50'])}, "
+        f"max {_seconds(after['max'])}; {held['held_past_local_deadline']} held past it by more "
+        f"than {held['tolerance']:g} s ({held['beyond_margin']} beyond the margin); least lease "
+        f"left at a release {_seconds(held['least_lease_left_at_release'])}"
+    )
+    if held["partitions"]:
+        line += (
+            f"\npartitions: {held['partitions']} ({held['partitions_of_every_worker']} of every "
+            f"worker); {held['cut_short_by_partition']} holds cut short, each stopped ahead of "
+            f"the next conflicting grant by min {_seconds(lead['min'])}, "
+            f"p50 {_seconds(lead['p50'])} ({lead['measured']} followed by one)"
+        )
+    return line
 
 
 def check_file(path: Path, json_path: Path | None = None) -> dict[str, Any]:

@@ -87,16 +87,23 @@ def test_two_accepted_writes_that_surely_overlapped_are_seen() -> None:
     story.increment("a", "n0", token=1, seen=0, at=0.0, gap=0.1)  # reads done by 0.3, writes 0.4
     story.increment("b", "n0", token=2, seen=0, at=0.05, gap=0.1)  # reads done by 0.35
     summary = story.final({"n0": 1})
-    assert violations(summary) == {"overlapping_accepted_writes": 1, "lost_increments": 1}
+    assert violations(summary) == {
+        "overlapping_accepted_writes": 1,
+        "lost_increments": 1,
+        "holding_overlaps": 1,  # and the two held the lock at once
+    }
     assert not summary["safe"]
 
 
 def test_a_write_whose_completion_came_late_is_not_an_overlap() -> None:
     """The first write was sent before the second read completed: it may have landed first."""
     story = Story()
+    story.process("a", pid=7)
     story.acquire("a", [("n0", "write")], {"n0": 1}, 0.0, 0.1)
     story.op("a", "read", 0.2, 0.3, name="n0", token=1, result={"value": 0})
     story.op("a", "write", 0.4, 5.0, name="n0", token=1, value=1)  # paused after sending
+    story.fault("pause", 0.45, pid=7)
+    story.fault("resume", 4.9, pid=7)
     story.increment("b", "n0", token=2, seen=1, at=1.0)
     summary = story.final({"n0": 2})
     assert violations(summary) == {}
@@ -163,7 +170,10 @@ def test_a_reader_that_sees_the_register_change_is_seen() -> None:
     story.op("r", "read", 1.2, 1.3, name="n0", token=2, result={"value": 1})
     story.op("r", "read", 1.6, 1.7, name="n0", token=2, result={"value": 2})
     story.increment("w2", "n0", token=3, seen=1, at=1.35)
-    assert violations(story.final({"n0": 2})) == {"read_write_exclusion": 1}
+    assert violations(story.final({"n0": 2})) == {
+        "read_write_exclusion": 1,
+        "holding_overlaps": 1,  # the writer came while the reader held
+    }
 
 
 def test_a_reader_that_misses_an_older_write_is_seen() -> None:
@@ -171,8 +181,11 @@ def test_a_reader_that_misses_an_older_write_is_seen() -> None:
     story.acquire("r", [("n0", "read")], {"n0": 5}, 1.0, 1.1)
     for at in (1.2, 1.4):
         story.op("r", "read", at, at + 0.1, name="n0", token=5, result={"value": 0})
+    story.process("w", pid=7)
     story.acquire("w", [("n0", "write")], {"n0": 4}, 0.0, 0.1)  # paused, then wrote anyway
     story.op("w", "read", 0.2, 0.3, name="n0", token=4, result={"value": 0})
+    story.fault("pause", 0.35, pid=7)
+    story.fault("resume", 1.55, pid=7)
     story.op("w", "write", 1.6, 1.7, name="n0", token=4, value=1)
     assert violations(story.final({"n0": 1})) == {"read_write_exclusion": 1}
 
@@ -206,7 +219,7 @@ def refused(story: Story, process: str, mode: str, token: int, newer: tuple[str,
 def test_a_refused_writer_the_store_still_counted_as_holder_is_seen() -> None:
     story = Story()
     refused(story, "w", "write", token=5, newer=("read", 6))
-    assert violations(story.final({})) == {"refused_live_holders": 1}
+    assert violations(story.final({})) == {"refused_live_holders": 1, "holding_overlaps": 1}
 
 
 def test_a_refused_reader_overtaken_only_by_readers_is_a_false_refusal() -> None:
