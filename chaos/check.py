@@ -68,10 +68,16 @@ the invocation of its last register access. A request already sent when
 the worker stopped may still arrive later (a partition holds it): that is
 the fences' to refuse, and the register checks above judge it. Times are
 the records' ``time.monotonic()``, one clock for every process of the host.
-Holds whose worker the nemesis paused (SIGSTOP; a ``pause`` record of its
-pid at or before the interval's end, its ``resume`` at or after its start)
-are left out: a frozen process cannot stop itself, which is what fencing
-is for. The local deadline of a hold is its session's lease end as the
+Holds whose worker the nemesis paused (SIGSTOP) while it held the lock or
+was being granted it are left out (``paused_left_out``): a ``pause`` record
+of its pid at or before the interval's end, its ``resume`` at or after the
+invocation of the acquire. A frozen process cannot stop itself, which is
+what fencing is for; and a grant made to a frozen process (a release hands
+it over while the waiter is stopped) is returned only as the process thaws,
+possibly after its lease ran out and before the library has said so: its
+first access is the fence's to refuse. Such grants, returned after their
+session's local deadline, are counted whatever caused them
+(``granted_past_deadline``). The local deadline of a hold is its session's lease end as the
 worker recorded it (``deadline`` in its ``stopped`` or ``lost`` record,
 from `Session.expires_at`). ``held_past_local_deadline`` (an observation,
 not a violation) counts the holds whose interval ended more than
@@ -201,7 +207,8 @@ class Hold:
     told: float | None = None
     """When the library told its process the session was lost, if it did during the hold."""
     paused: bool = False
-    """Its worker was paused (SIGSTOP) during the holding interval: left out."""
+    """Its worker was paused (SIGSTOP) during the holding interval or the acquire that
+    began it: left out."""
 
 
 @dataclass
@@ -415,7 +422,7 @@ def _holding_intervals(h: History) -> None:
             accesses = [op.t0 for op in hold.ops if op.f in ("read", "write")]
             hold.held_until = max(hold.start, until, *accesses)
             spans = paused.get(h.pids.get(process), ())
-            hold.paused = _within(spans, hold.start, hold.held_until)
+            hold.paused = _within(spans, hold.acquire.t0, hold.held_until)
 
 
 # -- the checks -----------------------------------------------------------------------
@@ -822,9 +829,13 @@ def holding(h: History, checker: Checker) -> dict[str, Any]:
         for hold in measured
         if hold.stopped is not None
         and hold.stopped.get("reason") == "release"
+        and not hold.stopped.get("told")  # a last access that returned after the loss
         and hold.stopped.get("lease_left") is not None
     ]
     past = [x for x in late if x > LATE_TOLERANCE]
+    dead_on_arrival = [
+        hold for hold in h.holds if hold.deadline is not None and hold.start > hold.deadline
+    ]
     cut_off = partitions(h)
     cut_short = [
         hold
@@ -860,6 +871,20 @@ def holding(h: History, checker: Checker) -> dict[str, Any]:
             "max": _round(_percentile(after_loss, 100)),
         },
         "least_lease_left_at_release": _round(min(released, default=None)),
+        "granted_past_deadline": len(dead_on_arrival),
+        "granted_past_deadline_examples": [
+            {
+                "process": hold.process,
+                "tokens": hold.tokens,
+                "invoked": round(hold.acquire.t0, 4),
+                "granted": round(hold.start, 4),
+                "deadline": round(hold.deadline, 4),
+                "told": None if hold.told is None else round(hold.told, 4),
+                "paused": hold.paused,
+            }
+            for hold in dead_on_arrival[:EXAMPLES]
+            if hold.deadline is not None
+        ],
         "partitions": len(spans),
         "partitions_of_every_worker": sum(1 for f in spans if f.get("slot") is None),
         "cut_short_by_partition": len(cut_short),
@@ -1032,7 +1057,8 @@ def _holding_line(held: dict[str, Any]) -> str:
         f"while holding, stopped after the local deadline by p50 {_seconds(after['p50'])}, "
         f"max {_seconds(after['max'])}; {held['held_past_local_deadline']} held past it by more "
         f"than {held['tolerance']:g} s ({held['beyond_margin']} beyond the margin); least lease "
-        f"left at a release {_seconds(held['least_lease_left_at_release'])}"
+        f"left at a release {_seconds(held['least_lease_left_at_release'])}; "
+        f"{held.get('granted_past_deadline', 0)} grants returned after their lease's end"
     )
     if held["partitions"]:
         line += (

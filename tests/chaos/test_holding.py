@@ -214,3 +214,24 @@ def test_a_partition_of_one_holder_is_a_death_and_the_takers_partition_is_not_me
     story.records.append({"type": "fault", "time": 9.5, "fault": "heal", "slots": [0, 1]})
     live = finish(story)["liveness"]
     assert (live["recoveries"], live["max"], live["partitioned"]) == (1, 1.8, 1)
+
+
+def test_a_grant_made_while_its_worker_was_paused_is_left_out_and_counted() -> None:
+    """Frozen while it waited, the worker was handed the lock meanwhile; it thaws after its
+    lease ran out, and its acquire returns before the library says so: fencing's case."""
+    story = Story()
+    story.process("a", pid=7)
+    story.acquire("a", [("n0", "write")], {"n0": 1}, 0.0, 4.51)
+    story.records += [
+        {"type": "fault", "time": 0.5, "fault": "pause", "pid": 7, "slot": 0},
+        {"type": "fault", "time": 4.5, "fault": "resume", "pid": 7, "slot": 0},
+    ]
+    story.op("a", "read", 4.511, 4.52, "fail", name="n0", token=1)
+    lost(story, "a", at=4.515, deadline=1.8)
+    hold(story, "b", "n0", "write", 2, granted=2.5, stopped=4.6)
+    summary = finish(story)
+    assert violations(summary) == {}
+    held = summary["holding"]
+    assert (held["paused_left_out"], held["granted_past_deadline"]) == (1, 1)
+    (example,) = held["granted_past_deadline_examples"]
+    assert (example["granted"], example["deadline"], example["paused"]) == (4.51, 1.8, True)
