@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
 import sys
 import threading
@@ -11,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from lockwarden import LockLost, LockUsageError
+from lockwarden import LockLost, LockUsageError, StoreError
 from lockwarden.modes import Mode
 from lockwarden.store import Store, connect, queries, sqlite
+from lockwarden.store.url import parse_url
 from tests.conftest import Background, Child, interrupted_after, wait_for
 
 
@@ -416,7 +419,7 @@ def test_a_writer_interrupted_as_it_lets_go_of_the_file_still_lets_the_process_i
     """Ctrl-C as the unlock of the writer's file returns (here raised just after it):
     the turn inside the process is given up all the same, so the next writer of the
     process gets in rather than waiting for ever."""
-    writer = sqlite._Writer(str(tmp_path / "store.db"))
+    writer = sqlite._Writer(parse_url(str(tmp_path / "store.db")))
     unlock = sqlite.fcntl.flock
 
     def interrupted(fd: int, operation: int) -> None:
@@ -432,4 +435,45 @@ def test_a_writer_interrupted_as_it_lets_go_of_the_file_still_lets_the_process_i
         monkeypatch.undo()
         assert_another_thread_gets_in(writer)
     finally:
+        writer.close()
+
+
+def test_a_writer_that_waited_for_the_file_holds_it_until_it_lets_go(tmp_path: Any) -> None:
+    """The wait for the writers' file lock runs in a thread of the store's (`_FileWait`);
+    the lock it takes is the writer's until the writer lets go, never the thread's to drop."""
+    writer = sqlite._Writer(parse_url(str(tmp_path / "store.db")))
+    other = os.open(str(tmp_path / "store.db-writer"), os.O_RDWR)  # as another process's
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        got = threading.Event()
+        threading.Thread(target=lambda: (writer.__enter__(), got.set()), daemon=True).start()
+        assert not got.wait(0.2)
+        fcntl.flock(other, fcntl.LOCK_UN)
+        assert got.wait(5)
+        time.sleep(0.2)
+        with pytest.raises(BlockingIOError):  # still the writer's
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        writer.__exit__(None, None, None)
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free once it let go
+        fcntl.flock(other, fcntl.LOCK_UN)
+    finally:
+        os.close(other)
+        writer.close()
+
+
+def test_a_writer_waits_for_the_file_no_longer_than_its_call_timeout(tmp_path: Any) -> None:
+    url = parse_url(str(tmp_path / "store.db"))._replace(call_timeout=0.3)
+    writer = sqlite._Writer(url)
+    other = os.open(str(tmp_path / "store.db-writer"), os.O_RDWR)
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        started = time.monotonic()
+        with pytest.raises(StoreError, match=f"process {os.getpid()} holds the store's write"):
+            writer.__enter__()
+        assert 0.25 < time.monotonic() - started < 2.0
+        fcntl.flock(other, fcntl.LOCK_UN)
+        writer.__enter__()  # its turn was given up: the next writer gets in
+        writer.__exit__(None, None, None)
+    finally:
+        os.close(other)
         writer.close()

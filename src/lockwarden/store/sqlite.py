@@ -229,6 +229,9 @@ class _FairLock:
                     self._pass_on()
             raise
 
+    def __enter__(self) -> None:
+        self.acquire(threading.TIMEOUT_MAX)
+
     def __exit__(self, *exc: object) -> None:
         with self._mutex:
             self._pass_on()
@@ -291,7 +294,8 @@ class _FileWait:
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._wanted or self._closed)
+                # Not while the lock handed over last time waits to be picked up.
+                self._cond.wait_for(lambda: (self._wanted and not self._got) or self._closed)
                 if self._closed:
                     return
                 self._blocked = True
