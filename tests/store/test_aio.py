@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from lockwarden import LockTimeout
+from lockwarden import LockTimeout, LockUsageError
 from lockwarden.store import HeldLock, Stamp, Store
 
 
@@ -23,6 +23,22 @@ def test_await_and_async_with(store: Store) -> None:
             stamp = await b.lock_many_async([("x", "read"), ("y", "write")], timeout=1)
             assert isinstance(stamp, Stamp) and len(store.locks()) == 2
             stamp.release()
+
+    asyncio.run(main())
+
+
+def test_the_lock_an_await_returns_is_an_async_context_manager(store: Store) -> None:
+    async def main() -> None:
+        with store.session(app_id="a") as a:
+            async with await a.lock_async("aio", timeout=5) as held:
+                assert isinstance(held, HeldLock)
+                assert [e.token for e in store.locks()] == [held.token]
+                with pytest.raises(LockUsageError, match="this task already holds"):
+                    await a.lock_async("aio", timeout=5)
+            assert store.locks() == []
+            async with await a.lock_many_async([("x", "read"), ("y", "write")]) as stamp:
+                assert isinstance(stamp, Stamp) and len(store.locks()) == 2
+            assert store.locks() == []
 
     asyncio.run(main())
 

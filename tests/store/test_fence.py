@@ -44,9 +44,12 @@ def test_a_reclaimed_holder_cannot_write_through_the_fence(store: Store) -> None
 def test_tokens_grow_across_grants_reclaims_and_breaks(store: Store) -> None:
     tokens = []
     with store.session(app_id="a") as a:
-        tokens.append(a.lock("t").token)
+        broken = a.lock("t")
+        tokens.append(broken.token)
         tokens.append(a.lock("other").token)
         store.break_lock("t")
+        with pytest.raises(LockLost):
+            broken.release()
         tokens.append(a.lock("t").token)
     dead = store.session(app_id="dead", ttl=0.3)
     tokens.append(dead.lock("t", timeout=1).token)

@@ -1,4 +1,5 @@
-"""A forked child opens its own store; its parent's stores and sessions stay the parent's."""
+"""After fork(), the parent's store serves the child (with the child's own connections and
+threads); the parent's sessions and locks stay the parent's."""
 
 from __future__ import annotations
 
@@ -14,22 +15,19 @@ import lockwarden
 from lockwarden.store import Store
 
 
-def _in_child(store: Store, session: lockwarden.store.Session, url: str) -> dict[str, Any]:
-    """What a forked child finds: the inherited objects refuse, a store of its own works."""
+def _in_child(store: Store, session: lockwarden.store.Session) -> dict[str, Any]:
+    """What a forked child finds: the parent's session refuses, the store serves the child."""
     found: dict[str, Any] = {}
     for what, use in {
         "lock": lambda: session.lock("other", timeout=0),
         "release": lambda: session.release(session.held[0]),
-        "new session": lambda: store.session(app_id="child"),
-        "locks": store.locks,
+        "renew": session.renew,
     }.items():
         try:
             use()
         except lockwarden.LockUsageError as exc:
-            found[what] = "forked" if "forked" in str(exc) else str(exc)
-    session.close()  # the parent's: only forgotten here
-    store.close()
-    with lockwarden.connect(url) as own, own.session(app_id="child", ttl=0.6) as s:
+            found[what] = "forked" if "forked from" in str(exc) else str(exc)
+    with store.session(app_id="child", ttl=0.6) as s:  # the parent's store, the child's session
         found["parent's lock busy"] = s.try_lock("parent") is None
         lock = s.lock("child")
         import time  # noqa: PLC0415
@@ -37,10 +35,15 @@ def _in_child(store: Store, session: lockwarden.store.Session, url: str) -> dict
         time.sleep(1.5)  # longer than the TTL: the child's own heartbeat keeps it
         lock.check()
         found["token"] = lock.token
+        found["locks"] = sorted(e.name for e in store.locks())
+    session.close()  # the parent's: only forgotten here
+    store.close()  # the child's own connections and threads
     return found
 
 
-def test_os_fork_child_uses_its_own_store_and_leaves_the_parents(url: str) -> None:
+def test_after_os_fork_the_store_serves_the_child_and_the_parents_session_refuses(
+    url: str,
+) -> None:
     store = lockwarden.connect(url)
     session = store.session(app_id="parent", ttl=5)
     mine = session.lock("parent")
@@ -49,7 +52,7 @@ def test_os_fork_child_uses_its_own_store_and_leaves_the_parents(url: str) -> No
     if pid == 0:  # pragma: no cover  (the child reports through the pipe)
         try:
             os.close(read)
-            report = _in_child(store, session, url)
+            report = _in_child(store, session)
         except BaseException as exc:
             report = {"error": repr(exc)}
         os.write(write, json.dumps(report).encode())
@@ -62,9 +65,9 @@ def test_os_fork_child_uses_its_own_store_and_leaves_the_parents(url: str) -> No
     assert report == {
         "lock": "forked",
         "release": "forked",
-        "new session": "forked",
-        "locks": "forked",
+        "renew": "forked",
         "parent's lock busy": True,
+        "locks": ["child", "parent"],
     }
     # Nothing the child did reached the parent's connections or locks.
     mine.check()
@@ -74,22 +77,25 @@ def test_os_fork_child_uses_its_own_store_and_leaves_the_parents(url: str) -> No
     store.close()
 
 
-def _worker(url: str, results: Any) -> None:
+def _worker(store: Store, results: Any) -> None:
     try:
-        with lockwarden.connect(url) as own, own.session(app_id="worker") as s:
+        with store.session(app_id="worker") as s:  # the parent's store, inherited
             busy = s.try_lock("parent") is None
+            for _ in range(20):  # the workers take turns on one name
+                with s.lock("shared", timeout=30):
+                    pass
             with s.lock(f"w{os.getpid()}"):
                 results.put(("ok", busy))
     except BaseException as exc:
         results.put(("error", repr(exc)))
 
 
-def test_multiprocessing_fork_workers_open_their_own_stores(url: str) -> None:
+def test_multiprocessing_fork_workers_use_the_parents_store(url: str) -> None:
     ctx = multiprocessing.get_context("fork")
     with lockwarden.connect(url) as store, store.session(app_id="parent") as s:
         mine = s.lock("parent")
         results = ctx.Queue()
-        workers = [ctx.Process(target=_worker, args=(url, results)) for _ in range(3)]
+        workers = [ctx.Process(target=_worker, args=(store, results)) for _ in range(3)]
         for w in workers:
             w.start()
         got = [results.get(timeout=60) for _ in workers]
@@ -132,3 +138,41 @@ def test_a_child_exiting_normally_neither_releases_nor_disturbs_the_parents_lock
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"retries": 0, "names": ["parent"]}
+
+
+PRELOADED = """
+import json, os, sys, lockwarden
+store = lockwarden.connect(sys.argv[1])  # at import, as under gunicorn --preload or Celery
+with store.session(app_id="master") as master:
+    held = master.lock("master")
+    workers = []
+    for _ in range(3):
+        pid = os.fork()
+        if pid == 0:  # a worker: serves requests with the store it inherited, then exits
+            with store.session(app_id="worker") as s:
+                for _ in range(20):
+                    with s.lock("shared", timeout=30) as lock:
+                        assert lock.token > held.token
+                assert s.try_lock("master") is None
+            sys.exit(0)  # atexit and the interpreter's teardown run in the worker
+        workers.append(pid)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in workers]
+    held.check()
+    print(json.dumps({"codes": codes, "retries": store.stats["retries"],
+                      "names": sorted(e.name for e in store.locks())}))
+store.close()
+"""
+
+
+def test_a_preloaded_store_serves_forked_workers_and_their_exits_leave_the_master_alone(
+    url: str,
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(PRELOADED), url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"codes": [0, 0, 0], "retries": 0, "names": ["master"]}

@@ -38,12 +38,12 @@ def test_the_local_deadline_leaves_the_holder_time_to_act_before_the_database_ma
 
 class Member:
     def __init__(self, deadline: float) -> None:
-        self.lease_deadline = deadline
+        self._lease_deadline = deadline
         self.ended: list[float] = []
 
-    def lease_ended(self) -> None:
+    def _lease_ended(self) -> None:
         self.ended.append(lease.now())
-        self.lease_deadline = math.inf
+        self._lease_deadline = math.inf
 
 
 def test_the_timer_ends_each_lease_at_its_deadline_and_not_before() -> None:
@@ -54,7 +54,7 @@ def test_the_timer_ends_each_lease_at_its_deadline_and_not_before() -> None:
     try:
         for member in [*members, moved]:
             timer.add(member)
-        moved.lease_deadline = now + 0.4  # renewed: the timer looks again when it wakes
+        moved._lease_deadline = now + 0.4  # renewed: the timer looks again when it wakes
         wait_for(lambda: all(m.ended for m in [*members, moved]), timeout=5)
         for member, due in zip(members, (0.3, 0.1, 0.2), strict=True):
             assert now + due <= member.ended[0] < now + due + 0.5

@@ -46,7 +46,8 @@ def test_writers_exclude_readers_share(store: Store) -> None:
     with store.session(app_id="a") as a, store.session(app_id="b") as b:
         r1 = a.lock("doc", "read", timeout=1)
         r2 = b.lock("doc", "read", timeout=1)
-        assert a.try_lock("doc", "write") is None
+        with store.session(app_id="c") as c:
+            assert c.try_lock("doc", "write") is None
         r1.release()
         r2.release()
         w = a.lock("doc", "write", timeout=1)
@@ -617,3 +618,27 @@ def test_waiters_giving_up_at_any_moment_leak_no_grant(store: Store) -> None:
     assert store.locks("giveup") == [] and store.waiters("giveup") == []
     with store.session(app_id="after") as s:
         s.lock("giveup", timeout=1).release()  # nothing was left holding it
+
+
+def test_locking_a_name_the_caller_already_holds_fails_at_once(store: Store) -> None:
+    with store.session(app_id="a") as s:
+        held = s.lock("job", "read")
+        for again in (
+            lambda: s.lock("job", timeout=None),
+            lambda: s.lock("job", "write", timeout=5),
+            lambda: s.try_lock("job", "read"),
+            lambda: s.lock_many([("other", "write"), ("job", "read")]),
+        ):
+            started = time.monotonic()
+            with pytest.raises(LockUsageError, match="already holds read lock on 'job'") as err:
+                again()
+            assert time.monotonic() - started < 1.0
+            assert f"(token {held.token})" in str(err.value)
+            assert "not reentrant" in str(err.value)
+        assert store.waiters() == []
+        assert [e.token for e in store.locks()] == [held.token]
+        # Another thread of the session waits for it, as for anyone's lock.
+        waiting = Background(lambda: s.lock("job", "write", timeout=10))
+        wait_for(lambda: store.waiters("job"), what="the other thread to queue")
+        held.release()
+        waiting.result().release()

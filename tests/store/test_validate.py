@@ -103,17 +103,24 @@ def test_a_stamp_of_another_session_is_refused(store: Store) -> None:
 
 
 @pytest.mark.parametrize("huge", [2**1100, 1e308, 10**400])
-def test_durations_beyond_what_a_thread_can_wait_are_clamped(store: Store, huge: float) -> None:
+def test_waits_beyond_what_a_thread_can_wait_are_clamped(store: Store, huge: float) -> None:
     """Integers beyond float range were OverflowError; now every duration is clamped."""
-    with store.session(app_id="a", ttl=huge) as s:
-        assert s.ttl == validate.MAX_WAIT
-        with s.lock("free", timeout=huge) as held:
-            assert held.token > 0
+    with store.session(app_id="a") as s, s.lock("free", timeout=huge) as held:
+        assert held.token > 0
 
 
-def test_a_holder_with_an_absurd_ttl_does_not_crash_its_waiters(store: Store) -> None:
-    """Its staleness deadline is centuries away: the waiter must wait for a release, not fail."""
-    holder = store.session(app_id="forever", ttl=1e308)
+@pytest.mark.parametrize("ttl", [86400.001, 2**1100, 1e308, 10**400])
+def test_a_lease_longer_than_a_day_is_refused(store: Store, ttl: float) -> None:
+    """A crashed holder's locks would stay with it, for waiters elsewhere, for that long."""
+    with pytest.raises(LockUsageError, match=r"ttl must be at most 86400 s \(one day\)"):
+        store.session(app_id="a", ttl=ttl)
+    with store.session(app_id="a", ttl=validate.MAX_TTL) as s:
+        assert s.ttl == 86400
+
+
+def test_a_holder_with_the_longest_ttl_does_not_crash_its_waiters(store: Store) -> None:
+    """Its staleness deadline is a day away: the waiter must wait for a release, not fail."""
+    holder = store.session(app_id="forever", ttl=validate.MAX_TTL)
     held = holder.lock("job")
     with store.session(app_id="waiter") as s:
         waiting = Background(lambda: s.lock("job"))

@@ -100,7 +100,7 @@ _wait = _checked(
     lambda v: v is None or (math.isfinite(v) and v >= 0),
     "a number of seconds >= 0 or 'forever'",
 )
-_ttl = _checked(float, lambda v: math.isfinite(v) and v > 0, "a number of seconds > 0")
+_positive = _checked(float, lambda v: math.isfinite(v) and v > 0, "a number of seconds > 0")
 _interval = _checked(float, lambda v: math.isfinite(v) and v >= 0.1, "a number of seconds >= 0.1")
 _port = _checked(int, lambda v: 0 <= v <= 65535, "a port number from 0 to 65535")
 _exit_status = _checked(int, lambda v: 0 <= v <= 255, "an exit status from 0 to 255")
@@ -142,7 +142,7 @@ def _common_options() -> _Parser:
     )
     common.add_argument(
         "--call-timeout",
-        type=_ttl,
+        type=_positive,
         metavar="SECONDS",
         default=argparse.SUPPRESS,
         help=f"the longest one call to the database may take, retries included (default: "
@@ -432,7 +432,7 @@ def _lock_options(p: _Parser, app: str) -> None:
     )
     p.add_argument(
         "--ttl",
-        type=_ttl,
+        type=_positive,
         default=15.0,
         metavar="SECONDS",
         help="the lock is lost this long after the last heartbeat, e.g. if this "

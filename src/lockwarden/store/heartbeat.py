@@ -15,10 +15,10 @@ from typing import Protocol
 
 class Beating(Protocol):
     @property
-    def next_beat(self) -> float:
+    def _beat_due(self) -> float:
         """When (``time.monotonic``) the next beat is due."""
 
-    def beat(self) -> None:
+    def _beat(self) -> None:
         """Send one heartbeat (or act on a loss); must not raise."""
 
 
@@ -61,10 +61,10 @@ class Heartbeat:
                 if self._closed:
                     return
                 now = time.monotonic()
-                due = [m for m in self._members if m.next_beat <= now]
+                due = [m for m in self._members if m._beat_due <= now]
                 if not due:
-                    wake = min([m.next_beat for m in self._members], default=math.inf)
+                    wake = min([m._beat_due for m in self._members], default=math.inf)
                     self._cond.wait(min(wake - now, 3600.0))
                     continue
             for member in due:
-                member.beat()
+                member._beat()

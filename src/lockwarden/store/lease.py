@@ -80,18 +80,18 @@ def deadline(sent: float, ttl: float) -> float:
 
 class Leased(Protocol):
     @property
-    def lease_deadline(self) -> float:
+    def _lease_deadline(self) -> float:
         """When (`now`) the lease runs out; infinity once it no longer matters (lost or
         closed)."""
 
-    def lease_ended(self) -> None:
+    def _lease_ended(self) -> None:
         """Called at the deadline: mark the loss; must return at once (no database call)."""
 
 
 class LeaseTimer:
     """One thread per store that ends each of its sessions' leases at its deadline.
 
-    It only sleeps until the earliest deadline and calls `Leased.lease_ended`,
+    It only sleeps until the earliest deadline and calls `Leased._lease_ended`,
     which touches no database: the heartbeat thread may be stuck in a call that
     a partition holds up, and the lease must end on time all the same. A
     deadline that moved later since the thread went to sleep is looked at again
@@ -131,11 +131,11 @@ class LeaseTimer:
                 if self._closed:
                     return
                 at = now()
-                ended = [m for m in self._members if m.lease_deadline <= at]
+                ended = [m for m in self._members if m._lease_deadline <= at]
                 self._members.difference_update(ended)
                 if not ended:
-                    wake = min((m.lease_deadline for m in self._members), default=at + LOOK_EVERY)
+                    wake = min((m._lease_deadline for m in self._members), default=at + LOOK_EVERY)
                     self._cond.wait(min(wake - at, LOOK_EVERY))
                     continue
             for member in ended:
-                member.lease_ended()
+                member._lease_ended()

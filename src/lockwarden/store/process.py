@@ -138,10 +138,19 @@ def gone(row: Mapping[str, Any]) -> bool:
     return False
 
 
+def forked_session(pid: int) -> LockUsageError:
+    """The error for using, in a forked child, a session that process ``pid`` opened."""
+    return LockUsageError(
+        f"this session was opened by process {pid}, which this process was forked from: "
+        "its locks are the parent's. Open a session of this process's own with "
+        "store.session(...): the store serves this process too."
+    )
+
+
 def forked_from(pid: int) -> LockUsageError:
     """The error for using, in a forked child, a store that process ``pid`` opened."""
     return LockUsageError(
-        f"this lock store was opened by process {pid}, which this process was forked "
-        "from; its sessions and locks are the parent's. Open a store of this process's "
-        "own with lockwarden.connect(url)."
+        f"this connection to the lock store was opened by process {pid}, which this "
+        "process was forked from: it is the parent's. Use the store itself here (it "
+        "opens this process's own connections), or lockwarden.connect(url)."
     )

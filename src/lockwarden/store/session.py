@@ -21,12 +21,14 @@ import atexit
 import math
 import os
 import socket
+import sys
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
@@ -104,13 +106,44 @@ def _close_at_exit() -> None:
                 hooks.logger(STORE_LOG).warning("closing %s at exit failed: %s", store.url, exc)
 
 
+def _after_fork_in_child() -> None:
+    """In a forked child, before any other code runs: every store gets fresh locks and
+    threads, and serves this process from its first use on (`Store._adopt`).
+
+    A parent's thread may have held any of the old locks at the fork, and none
+    of the parent's threads (heartbeat, lease timer, listeners) runs here.
+    """
+    for store in list(_STORES):
+        store._fork_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Store:
-    """A lock store in one database. Make one with `lockwarden.connect`."""
+    """A lock store in one database. Make one with `lockwarden.connect`.
+
+    A store serves the process that opened it and, after ``fork()``, each
+    child too: the first use in a new process opens that process's own
+    connections and threads (`_adopt`). Sessions are each process's own.
+    """
 
     def __init__(
-        self, backend: Backend, *, max_hold: float | None, on_stale: str, lock_delay: float
+        self,
+        backend: Backend,
+        *,
+        max_hold: float | None,
+        on_stale: str,
+        lock_delay: float,
+        reopen: Callable[[], Backend],
     ) -> None:
-        self._backend = backend
+        self._own_backend = backend
+        self._reopen = reopen
+        """Opens the store again, with the same URL and options, for a forked child."""
+        self._parents: list[Backend] = []
+        """In a forked child, the backends of the processes it descends from: never used
+        here, and kept referenced so that nothing here closes their connections."""
+        self._fork_lock = threading.Lock()
         self.max_hold = max_hold
         """Waiters give up with `HeldTooLong` behind a lock held longer than this."""
         self.on_stale = on_stale
@@ -127,18 +160,47 @@ class Store:
 
     @property
     def _inherited(self) -> bool:
-        """This process was forked from the one that opened the store."""
+        """This process was forked from the one the store serves, and has not used it yet."""
         return os.getpid() != self._pid
 
-    def _check_process(self) -> None:
-        # Before any lock is taken: a parent's thread may have held it at the fork.
+    @property
+    def _backend(self) -> Backend:
+        """The backend of this process: a forked child's first use opens its own."""
         if self._inherited:
-            raise process.forked_from(self._pid)
+            self._adopt()
+        return self._own_backend
+
+    def _check_process(self) -> None:
+        """Make the store this process's, if it was forked from the one the store served."""
+        if self._inherited:
+            self._adopt()
+
+    def _adopt(self) -> None:
+        """Serve this forked child: its own connections and threads, no sessions yet.
+
+        The parent's backend stays the parent's: its connections are neither used
+        nor closed here (closing one would end the parent's session with the
+        server). The locks were renewed at the fork (`_after_fork_in_child`),
+        so no lock a parent's thread held then is taken here.
+        """
+        with self._fork_lock:
+            if not self._inherited:
+                return
+            self._lock = threading.Lock()
+            self._heartbeat = Heartbeat()
+            self._leases = LeaseTimer()
+            self._sessions = set()
+            self._parents.append(self._own_backend)
+            if not self._closed:
+                self._own_backend = self._reopen()
+            self._pid = os.getpid()
+        if self._closed:
+            raise LockUsageError("this store is closed")
 
     @property
     def url(self) -> str:
         """The store's URL, without any password."""
-        return self._backend.url.display
+        return self._own_backend.url.display
 
     @property
     def stats(self) -> Stats:
@@ -160,7 +222,7 @@ class Store:
         """
         self._check_process()
         app_id = validate.name(app_id, "app_id")
-        ttl_s = validate.duration(ttl, "ttl", zero=False)
+        ttl_s = validate.ttl(ttl)
         if on_lost is not None and not callable(on_lost):
             raise LockUsageError(f"on_lost must be callable, got {on_lost!r}")
         with self._lock:
@@ -383,8 +445,9 @@ class Store:
     def close(self) -> None:
         """Close every open session (releasing its locks), stop the threads, close connections.
 
-        In a forked child the store is its parent's: closing it there only
-        stops this process from using it.
+        In a forked child that has not used it, closing it only stops this
+        process from using it; the parent's connections and locks are the
+        parent's.
         """
         if self._inherited:
             self._closed = True
@@ -435,6 +498,7 @@ class Session:
     ) -> None:
         self._store = store
         self._backend = store._backend
+        self._pid = os.getpid()
         self.id = self._backend.new_session_id()
         self.app_id = app_id
         self.ttl = ttl
@@ -464,7 +528,7 @@ class Session:
             write=True,
         )
         self._started = rows[0]["started"]
-        self._lease_deadline = lease.deadline(sent, ttl)
+        self._deadline = lease.deadline(sent, ttl)
         """When (`lease.now`) the lease runs out unless a heartbeat moves it on."""
         self._next_beat = t0 + self._interval
         self._failing_since: float | None = None
@@ -555,6 +619,7 @@ class Session:
         wait = validate.timeout(timeout)
         refuse = validate.on_stale(self._store.on_stale if on_stale is None else on_stale)
         self._raise_if_unusable()
+        self._refuse_reentry(checked)
         return Want(
             session_id=self.id,
             request_id=random_hex(16),
@@ -566,6 +631,35 @@ class Session:
             lost=lambda: self._lose("the database no longer counts this session as live"),
             abandon=self._abandon,
         )
+
+    def _refuse_reentry(self, items: Sequence[tuple[str, Mode]]) -> None:
+        """`LockUsageError` if the caller (this thread, or this asyncio task) already holds
+        one of ``items``' names through this session.
+
+        Its request would queue behind its own lock and wait for itself: for
+        ever, or until its timeout, with a busy message naming its own app. Locks
+        are not reentrant (as `threading.Lock`); another thread or task of the
+        session may still wait for a name this one holds, as it would for
+        anyone's.
+        """
+        wanted = {name for name, _ in items}
+        caller = _caller()
+        with self._lock:
+            mine = [
+                g
+                for stamp in self._held.values()
+                if stamp._owner == caller
+                for g in stamp.locks
+                if g.name in wanted
+            ]
+        if mine:
+            g = mine[0]
+            raise LockUsageError(
+                f"this {'task' if not isinstance(caller, int) else 'thread'} already holds "
+                f"{describe([(g.name, g.mode)])} (token {g.token}) through {self!r}: locks are "
+                "not reentrant, and the request would wait for itself. Release it first, or "
+                "keep the lock you hold"
+            )
 
     def _take(self, want: Want, kind: type[S]) -> S:
         """The stamp of ``want``, granted and recorded as this session's; or the request
@@ -631,6 +725,7 @@ class Session:
             request_id,
             tuple(Granted(name, mode, tokens[name]) for name, mode in want.items),
         )
+        stamp._owner = _caller()
         with self._lock:
             self._held[request_id] = stamp
         if self._lost is not None:  # lost while the grant was on its way: it is worth nothing
@@ -651,7 +746,7 @@ class Session:
         (`releasing` counts those), so the lock is freed as soon as the database
         is back, not when the session ends.
         """
-        self._store._check_process()
+        self._check_process()
         if not isinstance(stamp, Stamp):
             raise NotHeld(
                 f"expected a Stamp or HeldLock of this session, got {validate.shown(stamp)}"
@@ -754,7 +849,7 @@ class Session:
         self._raise_if_unusable()
         names = [g.name for g in stamp.locks]
         try:  # an answer after the lease's end would prove nothing: wait no longer for one
-            with bounds.within(self._lease_deadline - lease.now()):
+            with bounds.within(self._deadline - lease.now()):
                 row = self._backend.query(
                     queries.CHECK, {"session": self.id, "request": stamp.id, "names": names}
                 )[0]
@@ -785,14 +880,14 @@ class Session:
     @property
     def lost(self) -> bool:
         """Whether this session has lost its locks (it cannot take new ones either)."""
-        self._store._check_process()
+        self._check_process()
         self._expire_lease()
         return self._lost is not None
 
     @property
     def held(self) -> list[Stamp]:
         """The stamps this session holds, as far as it knows."""
-        self._store._check_process()
+        self._check_process()
         with self._lock:
             return list(self._held.values())
 
@@ -806,7 +901,7 @@ class Session:
         confirmed heartbeat, every TTL/3, moves it to about TTL - TTL/10 after
         the heartbeat was sent; `renew` moves it now.
         """
-        return time.time() + (self._lease_deadline - lease.now())
+        return time.time() + (self._deadline - lease.now())
 
     @property
     def lease_left(self) -> float:
@@ -816,10 +911,10 @@ class Session:
         program that must stop before its locks can pass on (`lockwarden run`
         stops its command so) stops within this, unless a heartbeat moves it.
         """
-        self._store._check_process()
+        self._check_process()
         if self._expire_lease():
             return 0.0
-        return max(0.0, self._lease_deadline - lease.now())
+        return max(0.0, self._deadline - lease.now())
 
     def renew(self) -> float:
         """Send a heartbeat now, and return the new `expires_at`.
@@ -839,7 +934,7 @@ class Session:
         In a forked child the session is its parent's: closing it there
         only stops this process from using it.
         """
-        if self._store._inherited:
+        if os.getpid() != self._pid:
             self._closed = True
             return
         with self._lock:
@@ -865,8 +960,13 @@ class Session:
 
     # -- liveness -------------------------------------------------------------------
 
+    def _check_process(self) -> None:
+        # Before any lock is taken: a parent's thread may have held it at the fork.
+        if os.getpid() != self._pid:
+            raise process.forked_session(self._pid)
+
     def _raise_if_unusable(self) -> None:
-        self._store._check_process()
+        self._check_process()
         if self._closed:
             raise LockUsageError(f"{self!r} is closed: open a new session")
         self._expire_lease()
@@ -876,7 +976,7 @@ class Session:
     def _expire_lease(self) -> bool:
         """Mark the session lost if its lease has run out on this host's clock; whether
         it is lost."""
-        if self._lost is None and lease.now() >= self._lease_deadline:
+        if self._lost is None and lease.now() >= self._deadline:
             self._lose(
                 f"its lease ran out: no heartbeat was confirmed for "
                 f"{self.ttl * (1 - lease.MARGIN):g} s, and its locks may pass on "
@@ -885,11 +985,11 @@ class Session:
         return self._lost is not None
 
     @property
-    def lease_deadline(self) -> float:
+    def _lease_deadline(self) -> float:
         """When (`lease.now`) the lease runs out; infinity once lost or closed."""
-        return math.inf if self._lost is not None or self._closed else self._lease_deadline
+        return math.inf if self._lost is not None or self._closed else self._deadline
 
-    def lease_ended(self) -> None:
+    def _lease_ended(self) -> None:
         """Called by the store's lease timer at the deadline, whatever the heartbeat is doing."""
         self._expire_lease()
 
@@ -940,10 +1040,10 @@ class Session:
             hooks.logger(STORE_LOG).info("could not mark lost session %r expired: %s", self, exc)
 
     @property
-    def next_beat(self) -> float:
+    def _beat_due(self) -> float:
         return min(self._next_beat, self._next_retry)
 
-    def beat(self) -> None:
+    def _beat(self) -> None:
         """Called by the heartbeat thread: a heartbeat when due; then the releases to
         retry, when due."""
         if self._closed:
@@ -1002,7 +1102,7 @@ class Session:
         (`lease`): a later one proves nothing, and never revives the session.
         """
         t0, sent = time.monotonic(), lease.now()
-        with bounds.within(min(self._interval / 2, self._lease_deadline - sent)):
+        with bounds.within(min(self._interval / 2, self._deadline - sent)):
             rows = self._backend.query(queries.HEARTBEAT, {"session": self.id}, write=True)
         if not rows:
             raise self._lose("the database says the session expired (its heartbeat was late)")
@@ -1012,8 +1112,8 @@ class Session:
                 "forgotten grants and releases made just before"
             )
         with self._lock:
-            if self._lost is None and lease.now() < self._lease_deadline:
-                self._lease_deadline = max(self._lease_deadline, lease.deadline(sent, self.ttl))
+            if self._lost is None and lease.now() < self._deadline:
+                self._deadline = max(self._deadline, lease.deadline(sent, self.ttl))
                 self._next_beat = 0.0 if self._release_queue else t0 + self._interval
                 return
         self._expire_lease()  # the reply came after the deadline (or a loss meanwhile)
@@ -1025,7 +1125,7 @@ class Session:
         For a finalizer: it may run in any thread, in the middle of anything,
         so it takes no lock and sends nothing itself.
         """
-        if self._store._inherited or self._closed:
+        if os.getpid() != self._pid or self._closed:
             return  # a forked child's copy, or already released with the session
         self._release_queue.append(stamp)
         self._next_beat = 0.0
@@ -1040,6 +1140,20 @@ class Session:
                 pass  # released meanwhile, or with the session
             except Exception as exc:  # lost, or the database is unreachable: the TTL frees it
                 hooks.logger(STORE_LOG).warning("releasing dropped %r failed: %s", stamp, exc)
+
+
+def _caller() -> object:
+    """Who calls: the asyncio task running on this thread, if any, else the thread (its
+    ident). asyncio is asked only if some code of the process imported it."""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is not None:
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # no event loop runs on this thread
+            task = None
+        if task is not None:
+            return task
+    return threading.get_ident()
 
 
 @contextmanager
@@ -1084,6 +1198,8 @@ class Stamp:
         self.id = id
         self.locks = locks
         self._granted = time.monotonic()  # for the hold time `lockwarden.hooks` reports
+        self._owner: object = None
+        """The thread (ident) or asyncio task that took it (`Session._refuse_reentry`)."""
 
     @property
     def tokens(self) -> dict[str, int]:
@@ -1159,6 +1275,20 @@ class Stamp:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+    async def __aenter__(self: S) -> S:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Release from a worker thread: the event loop does not wait for the database."""
+        import asyncio  # noqa: PLC0415  (its users alone pay for it: see `_acquire_async`)
+
+        await asyncio.to_thread(self.release)
 
     def __repr__(self) -> str:
         what = describe([(g.name, g.mode) for g in self.locks])
@@ -1333,8 +1463,15 @@ def connect(
     validate.on_stale(on_stale)
     delay = validate.duration(lock_delay, "lock_delay")
     bound = validate.duration(call_timeout, "call_timeout", zero=False)
-    backend = _backend(url, durability, "create" if create else "existing", bound)
-    return Store(backend, max_hold=hold, on_stale=on_stale, lock_delay=delay)
+    opening: Opening = "create" if create else "existing"
+    backend = _backend(url, durability, opening, bound)
+    return Store(
+        backend,
+        max_hold=hold,
+        on_stale=on_stale,
+        lock_delay=delay,
+        reopen=partial(_backend, url, durability, opening, bound),
+    )
 
 
 def check_schema(url: str, *, call_timeout: float = bounds.CALL_TIMEOUT) -> schema.Plan:

@@ -24,6 +24,10 @@ MAX_WAIT = threading.TIMEOUT_MAX
 clamped to it, so that no later wait on it overflows — a waiter behind a holder
 with an absurd TTL included (`waiting`)."""
 
+MAX_TTL = 86400.0
+"""The longest lease a session may have (one day): a crashed holder's locks stay with it,
+for waiters on other hosts, for as long, and a lease longer than a day is no lease."""
+
 MAX_INTEGER = 2**63 - 1
 """The largest integer both databases store (BIGINT): permits and fencing tokens stay within."""
 
@@ -89,6 +93,17 @@ def duration(value: object, what: str, *, zero: bool = True, hint: str = "") -> 
         wanted = ">= 0" if zero else "> 0"
         raise LockUsageError(f"{what} must be finite and {wanted}, got {shown(value)}{hint}")
     return MAX_WAIT if value >= MAX_WAIT else float(value)
+
+
+def ttl(value: object) -> float:
+    """A session's TTL: seconds, > 0, at most `MAX_TTL`."""
+    seconds = duration(value, "ttl", zero=False)
+    if seconds > MAX_TTL:
+        raise LockUsageError(
+            f"ttl must be at most {MAX_TTL:g} s (one day), got {shown(value)}: a holder that "
+            "crashes keeps its locks from other hosts for a TTL, and a longer lease is no lease"
+        )
+    return seconds
 
 
 def timeout(value: object) -> float | None:
