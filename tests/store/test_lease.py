@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from lockwarden import LockLost
 from lockwarden.store import Store, lease, queries
 from lockwarden.store.lease import LeaseTimer
-from tests.conftest import wait_for
+from tests.conftest import Background, wait_for
 
 
 @given(
@@ -126,3 +126,22 @@ def test_a_session_whose_heartbeat_hangs_is_lost_at_its_deadline(store: Store) -
         session.renew()
     session.close()
     assert len(told) == 1
+
+
+def test_a_grant_that_arrives_after_the_lease_ran_out_is_given_back(store: Store) -> None:
+    """A waiter paused past its lease gets its grant as it resumes, before its lease timer
+    has had a chance to run: the lock call must not return a lock that is worth nothing."""
+    holder = store.session("holder")
+    held = holder.lock("job")
+    waiter = store.session("waiter", ttl=30)
+    waiting = Background(lambda: waiter.lock("job", timeout=20))
+    wait_for(lambda: store.waiters("job"), what="the waiter to queue")
+    store._leases.remove(waiter)  # as in a paused process: its timer does not run
+    waiter._deadline = lease.now()  # its lease has run out on its own clock
+    held.release()
+    with pytest.raises(LockLost):
+        waiting.result()
+    assert waiter.lost
+    wait_for(lambda: not [e for e in store.locks("job") if not e.stale], what="the give-back")
+    waiter.close()
+    holder.close()

@@ -728,7 +728,9 @@ class Session:
         stamp._owner = _caller()
         with self._lock:
             self._held[request_id] = stamp
-        if self._lost is not None:  # lost while the grant was on its way: it is worth nothing
+        # Lost while the grant was on its way (a waiter paused past its lease gets its
+        # grant as it resumes, before the lease timer has run): it is worth nothing.
+        if self._expire_lease():
             self.release(stamp)
         return stamp
 
