@@ -41,10 +41,11 @@ and a session once lost is never revived (`Session._renew_lease`).
 from __future__ import annotations
 
 import functools
-import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
+
+from lockwarden.store.timer import Timer
 
 MARGIN = 0.1
 """The fraction of the TTL by which the local deadline comes before the database's."""
@@ -88,54 +89,24 @@ class Leased(Protocol):
         """Called at the deadline: mark the loss; must return at once (no database call)."""
 
 
-class LeaseTimer:
+class LeaseTimer(Timer[Leased]):
     """One thread per store that ends each of its sessions' leases at its deadline.
 
     It only sleeps until the earliest deadline and calls `Leased._lease_ended`,
     which touches no database: the heartbeat thread may be stuck in a call that
-    a partition holds up, and the lease must end on time all the same. A
-    deadline that moved later since the thread went to sleep is looked at again
-    when it wakes; one that comes earlier (a new session) wakes it (`add`).
+    a partition holds up, and the lease must end on time all the same. It looks
+    at least every `LOOK_EVERY`, on the lease clock (`now`), so a suspend does
+    not put it off.
     """
 
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._members: set[Leased] = set()
-        self._closed = False
-        self._thread: threading.Thread | None = None
+    name = "lockwarden-lease"
+    longest = LOOK_EVERY
 
-    def add(self, member: Leased) -> None:
-        with self._cond:
-            self._members.add(member)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="lockwarden-lease", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify()
+    def _now(self) -> float:
+        return now()
 
-    def remove(self, member: Leased) -> None:
-        with self._cond:
-            self._members.discard(member)
+    def _due(self, member: Leased) -> float:
+        return member._lease_deadline
 
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=1.0)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                if self._closed:
-                    return
-                at = now()
-                ended = [m for m in self._members if m._lease_deadline <= at]
-                self._members.difference_update(ended)
-                if not ended:
-                    wake = min((m._lease_deadline for m in self._members), default=at + LOOK_EVERY)
-                    self._cond.wait(min(wake - at, LOOK_EVERY))
-                    continue
-            for member in ended:
-                member._lease_ended()
+    def _act(self, member: Leased) -> None:
+        member._lease_ended()

@@ -463,7 +463,7 @@ class Store:
                 session.close()
         finally:
             self._heartbeat.close()
-            self._leases.close()
+            self._leases.close(wait=1.0)
             self._backend.close()
 
     def _forget(self, session: Session) -> None:
