@@ -129,15 +129,20 @@ print(json.dumps({"retries": store.stats["retries"], "names": [e.name for e in s
 def test_a_child_exiting_normally_neither_releases_nor_disturbs_the_parents_locks(
     url: str,
 ) -> None:
+    assert _report_of(CHILD_EXITS_NORMALLY, url) == {"retries": 0, "names": ["parent"]}
+
+
+def _report_of(script: str, url: str) -> Any:
+    """Run ``script`` with the store's URL in a new interpreter; what it printed, as JSON."""
     result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(CHILD_EXITS_NORMALLY), url],
+        [sys.executable, "-c", textwrap.dedent(script), url],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"retries": 0, "names": ["parent"]}
+    return json.loads(result.stdout)
 
 
 PRELOADED = """
@@ -167,12 +172,5 @@ store.close()
 def test_a_preloaded_store_serves_forked_workers_and_their_exits_leave_the_master_alone(
     url: str,
 ) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(PRELOADED), url],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"codes": [0, 0, 0], "retries": 0, "names": ["master"]}
+    report = _report_of(PRELOADED, url)
+    assert report == {"codes": [0, 0, 0], "retries": 0, "names": ["master"]}
