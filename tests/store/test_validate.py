@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-import lockwarden
 from lockwarden import LockUsageError, NotHeld
 from lockwarden.store import Session, Store, validate
 from tests.conftest import Background, wait_for
@@ -130,11 +129,42 @@ def test_a_holder_with_the_longest_ttl_does_not_crash_its_waiters(store: Store) 
     holder.close()
 
 
-def test_a_new_store_file_is_private(tmp_path: Path) -> None:
+MODES = """
+import os, stat, sys, lockwarden
+path = sys.argv[1]
+def mode(suffix): return stat.S_IMODE(os.stat(path + suffix).st_mode)
+with lockwarden.connect(path) as store, store.session("a") as s, s.lock("x"):
+    print(" ".join(f"{mode(x):04o}" for x in ("", "-wal", "-shm", "-writer")))
+"""
+"""Prints the modes of the store's four files while it is open (-wal and -shm go at close)."""
+
+
+def _modes(path: Path, umask: int) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", MODES, str(path)],
+        umask=umask,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, "0644"), (0o002, "0664"), (0o077, "0600")])
+def test_a_new_store_file_follows_the_umask(tmp_path: Path, umask: int, mode: str) -> None:
+    """As any program's files: a store that several users share is made with their umask
+    (it was always 0600, and a second user could not open it)."""
+    assert _modes(tmp_path / "locks.db", umask) == [mode] * 4
+
+
+def test_the_files_beside_a_store_get_the_database_files_mode(tmp_path: Path) -> None:
+    """A file made beforehand with the mode wanted decides for the -wal, -shm (SQLite) and
+    -writer files, whatever the umask of whoever opens it first (the -writer file was 0600)."""
     path = tmp_path / "locks.db"
-    with lockwarden.connect(str(path)) as store, store.session("a") as s, s.lock("x"):
-        for file in (path, Path(f"{path}-wal")):
-            assert stat.S_IMODE(file.stat().st_mode) == 0o600, file
+    path.touch()
+    path.chmod(0o666)
+    assert _modes(path, 0o077) == ["0666"] * 4
 
 
 def test_the_default_store_is_private_in_a_private_directory(tmp_path: Path) -> None:
@@ -144,10 +174,17 @@ def test_the_default_store_is_private_in_a_private_directory(tmp_path: Path) -> 
         "XDG_STATE_HOME": str(tmp_path / "state"),
     }
     lockwarden_cli = Path(sys.executable).with_name("lockwarden")
+    directory = tmp_path / "state" / "lockwarden"
+    shown = "stat -c %a locks.db locks.db-wal locks.db-shm locks.db-writer"
     done = subprocess.run(
-        [str(lockwarden_cli), "init"], env=env, capture_output=True, text=True, check=False
+        [str(lockwarden_cli), "run", "x", "--", "sh", "-c", f"cd '{directory}' && {shown}"],
+        env=env,
+        umask=0o002,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert done.returncode == 0, done
-    directory = tmp_path / "state" / "lockwarden"
+    assert done.stdout.split() == ["600"] * 4
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     assert stat.S_IMODE((directory / "locks.db").stat().st_mode) == 0o600

@@ -15,7 +15,7 @@ import math
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 from lockwarden import LockError, hooks
@@ -90,7 +90,31 @@ def database_url(option: str | None) -> str:
             f"cannot create the state directory {directory} for the default database "
             f"({exc.strerror}); give one with --db URL or {DB_ENV}",
         ) from exc
-    return f"sqlite:///{os.path.join(directory, 'locks.db')}"
+    return _default_url()
+
+
+def _default_url() -> str:
+    return f"sqlite:///{os.path.join(state_directory(), 'locks.db')}"
+
+
+def _create_private(url: str) -> None:
+    """Create the default store's file 0600, if missing, before the store opens it.
+
+    A store's files follow the umask and the directory's group, as any
+    program's files do, so that users of one host can share one
+    (docs/operators.md); SQLite gives the -wal and -shm files the database
+    file's mode, and the store gives it to its -writer file too. The
+    default store is the user's own, in a directory of its own (0700), and
+    its files are private as well: made 0600 here, they stay so. The choice
+    is the command line's, made with the file itself rather than with an
+    option of `lockwarden.connect`: a program that wants a private store
+    sets its umask, or creates the file, as it would for any file.
+    """
+    if url != _default_url():
+        return
+    path = url[len("sqlite:///") :]
+    with suppress(OSError):  # there already; or not to be made, which the store explains
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600))
 
 
 def state_directory() -> str:
@@ -122,6 +146,8 @@ def open_store(url: str, *, create: bool) -> Iterator[Store]:
 
     if not _is_sqlite(url):  # its driver logs: shown as lockwarden's own lines from the start
         hooks.logger("lockwarden")
+    elif create:
+        _create_private(url)
     try:
         store = lockwarden.connect(url, max_hold=None, create=create, call_timeout=call_timeout())
     except lockwarden.LockError as exc:

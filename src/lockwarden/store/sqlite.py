@@ -18,12 +18,14 @@ change wakes every waiter, at most every `SAFETY_NET`, in case a poke was lost.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import select
 import socket
 import sqlite3
+import stat
 import threading
 import time
 from collections import deque
@@ -338,7 +340,7 @@ class _Writer:
         self._url = url
         self._fair = _FairLock()
         self._path = url.target + "-writer"
-        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._fd = _open_beside(url.target, self._path)
         self._wait = _FileWait(self._fd)
 
     def __enter__(self) -> None:
@@ -420,21 +422,155 @@ def _use_wal(conn: sqlite3.Connection, timeout: float) -> None:
         pause = min(pause * 2, POLL_MAX)
 
 
-def _create_private(url: StoreURL) -> None:
-    """Create the store's file, if missing, readable and writable by its owner only.
+def _create(url: StoreURL) -> None:
+    """Create the store's file, if missing, as any program creates a file: mode 0666
+    less the umask, the group the directory gives (its own, if it is setgid).
 
-    Fence values are application data, and the tables say who runs what where.
-    SQLite gives the -wal and -shm files the database file's mode. To share a
-    store between users, create the file beforehand with the mode wanted.
+    SQLite gives the -wal and -shm files the database file's mode, and so does
+    `_open_beside` the -writer file: the mode of the database file decides who
+    may use the store. The command line's default store is private: it creates
+    the file 0600 before connecting (`cli.common.open_store`). A file that
+    cannot be created raises `StoreError` saying which right is missing (`_denied`).
+    """
+    with suppress(FileExistsError):
+        os.close(os.open(url.target, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o666))
+
+
+def _open_beside(database: str, path: str) -> int:
+    """Open ``path``, a file beside ``database``, creating it if missing, as SQLite opens
+    its -wal and -shm files: a new one gets the database file's mode (umask or not) and,
+    made by root, its owner; its group too, where this process may give it.
+
+    A file the process can read but not write is opened read-only: ``flock``, all the
+    -writer file is for, needs no more. Without a database file (yet), the new file
+    gets 0666 less the umask.
     """
     try:
-        os.close(os.open(url.target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        info: os.stat_result | None = os.stat(database)
+    except FileNotFoundError:
+        info = None
+    mode = 0o666 if info is None else stat.S_IMODE(info.st_mode) & 0o666
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     except FileExistsError:
-        pass
-    except OSError as exc:
-        raise StoreError(
-            f"lock store {url.display}: unable to open database file ({exc.strerror})"
-        ) from None
+        try:
+            return os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except PermissionError:
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    if info is not None:
+        made = os.fstat(fd)
+        with suppress(OSError):  # the umask took bits away: the database file's mode wins
+            if stat.S_IMODE(made.st_mode) != mode:
+                os.fchmod(fd, mode)
+        root = os.geteuid() == 0
+        if made.st_gid != info.st_gid or (root and made.st_uid != info.st_uid):
+            with suppress(OSError):  # not a group of this user's: the directory's stays
+                os.fchown(fd, info.st_uid if root else -1, info.st_gid)
+    return fd
+
+
+_DENIED = frozenset(
+    {sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM, sqlite3.SQLITE_IOERR}
+)
+"""SQLite's primary result codes of a file it may not open or write."""
+
+_SHARING = 'docs/operators.md, "A store shared by several users of one host"'
+
+
+def _denied(url: StoreURL, exc: BaseException) -> StoreError | None:
+    """The error for ``exc``, met while opening the store, if a right on one of the
+    store's files (or their directory) is missing: which file, which right, what to do.
+    None if every right is there (the failure is something else)."""
+    if isinstance(exc, OSError):
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT):
+            return None
+    else:
+        cause = exc.__cause__
+        if not isinstance(cause, sqlite3.Error):
+            return None
+        if getattr(cause, "sqlite_errorcode", 0) & 0xFF not in _DENIED:
+            return None
+    problem = _access_problem(url.target)
+    if problem is None:
+        return None
+    return StoreError(f"lock store {url.display}: {problem}")
+
+
+def _access_problem(database: str) -> str | None:
+    """What keeps this process from reading and writing the store's files, in words.
+
+    Every command writes to the store (opening it checks the schema in a write
+    transaction), and SQLite makes its -wal and -shm files beside the
+    database when it opens it, so this process needs: to enter the directory
+    (and to create files in it, for any of them missing), to read and write
+    the database, -wal and -shm files, and to read the -writer file.
+    """
+    directory = os.path.dirname(database) or "."
+    if not os.path.isdir(directory):
+        return f"the directory {directory} does not exist: create it, or give another path"
+    with suppress(OSError):
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return (
+                f"{database} is on a read-only file system: every command writes to the "
+                "store (status too: opening a store checks its schema in a write "
+                "transaction); mount it read-write, or use a store on writable storage"
+            )
+    if not _can(directory, os.X_OK):
+        return (
+            f"no permission to enter the directory {directory} ({_owner(directory)}): "
+            f"its owner can grant search (x) permission ({_SHARING})"
+        )
+    for path, rights, what in (
+        (database, os.R_OK | os.W_OK, "the database file"),
+        (database + "-wal", os.R_OK | os.W_OK, "SQLite's write-ahead log"),
+        (database + "-shm", os.R_OK | os.W_OK, "SQLite's shared-memory index"),
+        (database + "-writer", os.R_OK, "the writers' lock file"),
+    ):
+        if not os.path.lexists(path):
+            if not _can(directory, os.W_OK):
+                return (
+                    f"cannot create {path} ({what}): no permission to create files in "
+                    f"{directory} ({_owner(directory)}); its owner can grant write "
+                    f"permission on it, or give a path in a directory you can write ({_SHARING})"
+                )
+            continue
+        missing = [
+            word
+            for right, word in ((os.R_OK, "read"), (os.W_OK, "write"))
+            if rights & right
+            if not _can(path, right)
+        ]
+        if missing:
+            return (
+                f"no {' or '.join(missing)} permission on {path} ({what}; {_owner(path)}): "
+                f"its owner can grant it, to you or to a group you are in ({_SHARING})"
+            )
+    return None
+
+
+def _can(path: str, right: int) -> bool:
+    """Whether this process (its effective user and groups) has ``right`` on ``path``."""
+    return os.access(path, right, effective_ids=os.access in os.supports_effective_ids)
+
+
+def _owner(path: str) -> str:
+    """Who may do what with ``path``, for a message: "owner alice, group ops, mode 0640"."""
+    import grp  # noqa: PLC0415  (only for this message)
+    import pwd  # noqa: PLC0415
+
+    try:
+        info = os.stat(path)
+    except OSError:
+        return "not readable"
+    try:
+        owner = pwd.getpwuid(info.st_uid).pw_name
+    except KeyError:
+        owner = str(info.st_uid)
+    try:
+        group = grp.getgrgid(info.st_gid).gr_name
+    except KeyError:
+        group = str(info.st_gid)
+    return f"owner {owner}, group {group}, mode {stat.S_IMODE(info.st_mode):04o}"
 
 
 def _dict_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> Row:
@@ -466,13 +602,18 @@ class SQLiteBackend(SQLBackend):
             partial(self._connect, "NORMAL"), sqlite3.Connection.close
         )
         """Connections whose commits do not wait for the disk (design note, "Durability")."""
-        if opening == "create":
-            _create_private(url)
-        self._run(lambda conn: None)  # SQLite says first if the database cannot be opened
         try:
+            if opening == "create":
+                _create(url)
+            self._run(lambda conn: None)  # SQLite says first if the database cannot be opened
             self._writing = _Writer(url)
-        except OSError as exc:
-            raise StoreError(f"lock store {url.display}: {exc}") from exc
+        except (OSError, StoreError) as exc:
+            denied = _denied(url, exc)
+            if denied is not None:
+                raise denied from exc
+            if isinstance(exc, OSError):
+                raise StoreError(f"lock store {url.display}: {exc}") from exc
+            raise
         self._closed = threading.Event()
         self._kicks = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         for end in self._kicks:
