@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import select
@@ -66,6 +67,82 @@ def test_status_watch_redraws_until_interrupted(cli: Cli, store: Store) -> None:
         proc.kill()
         os.close(main)
         os.close(terminal)
+
+
+class Piped:
+    """``lockwarden status --watch ...`` with stdout a pipe, read while it runs."""
+
+    def __init__(self, cli: Cli, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [str(LOCKWARDEN), "status", "--watch", "0.2", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=cli.env,
+        )
+        assert self.proc.stdout is not None
+        self.out = self.proc.stdout.fileno()
+        self.seen = b""
+
+    def read_until(self, text: bytes, timeout: float = 20, start: int = 0) -> bytes:
+        """What it printed up to ``text`` (past ``start``), which must come while it runs."""
+        deadline = time.monotonic() + timeout
+        while text not in self.seen[start:]:
+            assert self.proc.poll() is None, self.proc.communicate()
+            assert time.monotonic() < deadline, f"{text!r} did not come: {self.seen!r}"
+            if select.select([self.out], [], [], 0.1)[0]:
+                self.seen += os.read(self.out, 65536)
+        return self.seen
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        _, err = self.proc.communicate(timeout=20)
+        assert err == b"", err
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+def test_status_watch_into_a_pipe_prints_each_frame_at_once(cli: Cli, store: Store) -> None:
+    """Into a pipe or a file every frame is written as it is drawn (rich's Live, off a
+    terminal, printed nothing until the command ended: 0 bytes after 10 minutes)."""
+    session = store.session(app_id="cron")
+    piped = Piped(cli)
+    try:
+        piped.read_until(b"no locks held")
+        session.lock("nightly")
+        seen = piped.read_until(b"nightly")
+        assert b"\x1b[" not in seen  # frames one after another, not redrawn in place
+        assert piped.stop() == 0
+    finally:
+        piped.kill()
+
+
+def test_status_watch_json_prints_one_status_object_per_line(cli: Cli, store: Store) -> None:
+    """JSON Lines, each line the shape of `status --json` (--json was ignored with --watch)."""
+    session = store.session(app_id="cron")
+    piped = Piped(cli, "--json")
+    try:
+        piped.read_until(b"\n")
+        session.lock("nightly")
+        seen = piped.read_until(b'"nightly"')
+        piped.read_until(b"\n", start=seen.index(b'"nightly"'))
+        assert piped.stop() == 0
+    finally:
+        piped.kill()
+    lines = piped.seen.decode().splitlines()
+    if not piped.seen.endswith(b"\n"):
+        lines.pop()  # cut short by the interrupt
+    frames = [json.loads(line) for line in lines]
+    once = cli.status()
+    assert all(frame.keys() == once.keys() for frame in frames)
+    assert frames[0]["locks"] == [] and frames[0]["database"] == once["database"]
+    [held] = [frame for frame in frames if frame["locks"]][-1]["locks"]
+    assert held.keys() == once["locks"][0].keys()
+    assert (held["name"], held["mode"], held["app_id"]) == ("nightly", "write", "cron")
 
 
 def free_port() -> int:

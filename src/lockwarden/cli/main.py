@@ -264,7 +264,9 @@ def parser(only: str | None = None) -> _Parser:
             "lockwarden.cli.status:status",
             "Show the locks held and the requests waiting.",
             epilog="--json prints {format, database, locks: [...], waiters: [...]}, times in\n"
-            "seconds; docs/cli.md describes every field.",
+            "seconds; docs/cli.md describes every field. With --watch, --json prints one\n"
+            "such object per line (JSON Lines); into a pipe or a file, each look is printed\n"
+            "after the last, with its time, as soon as it is made.",
         )
         p.add_argument(
             "prefix", nargs="?", default="", metavar="NAME-PREFIX", help="only names starting so"
@@ -276,7 +278,8 @@ def parser(only: str | None = None) -> _Parser:
             const=1.0,
             default=None,
             metavar="SECONDS",
-            help="redraw every SECONDS (default 1) until Ctrl-C, naming any cycle of waits",
+            help="look again every SECONDS (default 1) until Ctrl-C, naming any cycle of "
+            "waits; with --json, one object per line",
         )
 
     if only in (None, "break"):

@@ -13,7 +13,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from lockwarden.cli.common import JSON_FORMAT, open_store
 from lockwarden.cli.terminal import printable
@@ -21,35 +21,39 @@ from lockwarden.cli.terminal import printable
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-    from lockwarden.store import LockEntry, WaiterEntry
+    from lockwarden.store import LockEntry, Store, WaiterEntry
 
 
 def status(args: argparse.Namespace, url: str) -> int:
     """Locks and waiters whose names start with the prefix: a table, or JSON; or, with
-    ``--watch``, the same tables redrawn until interrupted."""
+    ``--watch``, the same again and again until interrupted."""
     if args.watch is not None:
         return _watch(args, url)
     with open_store(url, create=False) as store:
         locks = [e for e in store.locks() if e.name.startswith(args.prefix)]
         waiters = [w for w in store.waiters() if w.name.startswith(args.prefix)]
         where = store.url
-    queued = Counter(w.name for w in waiters)
     if args.json:
-        shape = {
-            "format": JSON_FORMAT,
-            "database": where,
-            "locks": [_lock_json(e, queued[e.name]) for e in locks],
-            "waiters": [_waiter_json(w) for w in waiters],
-        }
-        print(json.dumps(shape, indent=2))
+        print(json.dumps(_shape(where, locks, waiters), indent=2))
     else:
         # Piped into grep or a file, rows stay whole instead of wrapping at 80 columns.
         from rich.console import Console  # noqa: PLC0415 - rich: only for this command
 
         console = Console() if sys.stdout.isatty() else Console(width=100_000)
-        for part in _view(where, locks, waiters, queued):
+        for part in _view(where, locks, waiters, Counter(w.name for w in waiters)):
             console.print(part)
     return 0
+
+
+def _shape(where: str, locks: list[LockEntry], waiters: list[WaiterEntry]) -> dict[str, Any]:
+    """What ``status --json`` prints (docs/cli.md): one object."""
+    queued = Counter(w.name for w in waiters)
+    return {
+        "format": JSON_FORMAT,
+        "database": where,
+        "locks": [_lock_json(e, queued[e.name]) for e in locks],
+        "waiters": [_waiter_json(w) for w in waiters],
+    }
 
 
 def _lock_json(entry: LockEntry, waiters: int) -> dict[str, Any]:
@@ -84,26 +88,58 @@ def _waiter_json(entry: WaiterEntry) -> dict[str, Any]:
 
 
 def _watch(args: argparse.Namespace, url: str) -> int:
-    """`status --watch`: the tables redrawn every ``args.watch`` seconds, with any cycle of
-    waits named, until Ctrl-C (the terminal form of `lockwarden dashboard`)."""
+    """`status --watch`, until Ctrl-C: on a terminal, the tables redrawn every
+    ``args.watch`` seconds with any cycle of waits named (the terminal form of
+    `lockwarden dashboard`); into a pipe or a file, each frame printed after the
+    last, with its time, and flushed at once; with ``--json``, one ``status --json``
+    object per line (JSON Lines), flushed at once."""
+    with open_store(url, create=False) as store:
+        try:
+            (_json_lines if args.json else _frames)(args, store)
+        except KeyboardInterrupt:
+            return 0
+
+
+def _json_lines(args: argparse.Namespace, store: Store) -> NoReturn:
+    """`status --watch --json`: one line per look, the shape of `status --json`."""
+    while True:
+        locks = [e for e in store.locks() if e.name.startswith(args.prefix)]
+        waiters = [w for w in store.waiters() if w.name.startswith(args.prefix)]
+        print(json.dumps(_shape(store.url, locks, waiters)), flush=True)
+        time.sleep(args.watch)
+
+
+def _frames(args: argparse.Namespace, store: Store) -> NoReturn:
+    """The text frames of `_watch`: redrawn in place on a terminal, else one after another."""
     from rich.console import Console, Group  # noqa: PLC0415
     from rich.live import Live  # noqa: PLC0415
 
     from lockwarden.observe import Snapshot  # noqa: PLC0415
 
-    with open_store(url, create=False) as store, Live(console=Console(), screen=False) as live:
-        try:
+    def frame() -> list[RenderableType]:
+        snap = Snapshot.take(store).only(args.prefix)
+        queued = Counter(w.name for w in snap.waiters)
+        parts = _view(store.url, snap.locks, snap.waiters, queued)
+        for members in snap.cycles:
+            ids = ", ".join(m[:8] for m in members)
+            parts.append(_text(f"cycle of waits (deadlock) between sessions {ids}"))
+        return parts
+
+    if sys.stdout.isatty():
+        with Live(console=Console(), screen=False) as live:
             while True:
-                snap = Snapshot.take(store).only(args.prefix)
-                queued = Counter(w.name for w in snap.waiters)
-                parts = _view(store.url, snap.locks, snap.waiters, queued)
-                for members in snap.cycles:
-                    ids = ", ".join(m[:8] for m in members)
-                    parts.append(_text(f"cycle of waits (deadlock) between sessions {ids}"))
-                live.update(Group(*parts))
+                live.update(Group(*frame()))
                 time.sleep(args.watch)
-        except KeyboardInterrupt:
-            return 0
+    # A pipe or a file: nothing to redraw, and rich's Live would print only at the end.
+    from rich.text import Text  # noqa: PLC0415
+
+    console = Console(width=100_000)
+    while True:
+        parts = frame()
+        console.print(Text(time.strftime("%Y-%m-%d %H:%M:%S %z")), *parts, sep="\n")
+        console.print()
+        sys.stdout.flush()
+        time.sleep(args.watch)
 
 
 def _text(line: str) -> RenderableType:
