@@ -185,13 +185,40 @@ def test_reserved_keywords_are_the_servers() -> None:
         ("etcd://h:2379/a/b", "not plain"),
         ("etcd://h:2379/.x", "not plain"),
         ("etcd://u:secret@h:2379", "takes no user"),
-        ("etcd://h:2379?timeout=1", "takes no user"),
+        ("etcd://h:2379?timeout=1", "takes no user, password or parameters: 'timeout' is unknown"),
+        ("sqlite:///x.db?mode=ro&cache", "'mode', 'cache' are unknown"),
+        ("mongodb://h/db", "postgresql://user@host:5432/db, etcd://host"),  # one comma each
         ("locks\udc80.db", "not valid Unicode"),
     ],
 )
 def test_refused(url: object, message: str) -> None:
     with pytest.raises(LockUsageError, match=message):
         parse_url(url)
+
+
+@pytest.mark.parametrize(
+    ("url", "known"),
+    [
+        ("mysql://u@h/db?foo=s3cr3t", "unix_socket, charset, connect_timeout, ssl, ssl_ca"),
+        ("mariadb://u:pw@h/db?ssl=1&foo=s3cr3t", "ssl_cert, ssl_key"),
+        ("postgresql://u@h/db?foo=s3cr3t", "schema (lockwarden's) and libpq's: "),
+        ("postgres://u@h/db?schema=x&sslmode=require&f%6Fo=s3cr3t", "sslmode, "),
+        ("postgresql://u:pa%3Fhidden@h/db?foo=s3cr3t", "host, "),
+        ("postgresql://u:pa?hidden@h/db?foo=s3cr3t", "port, "),  # a raw "?" in the password
+    ],
+)
+def test_an_unknown_parameter_is_named_with_the_known_ones_and_never_its_value(
+    url: str, known: str
+) -> None:
+    """A PostgreSQL one got advice on percent-encoding passwords; a MySQL one showed the
+    URL with the parameter's value, which may be a secret."""
+    with pytest.raises(LockUsageError) as caught:
+        parse_url(url)
+    message = str(caught.value)
+    assert "unknown parameter 'foo' (its value not shown): the known ones are" in message
+    assert known in message
+    assert "s3cr3t" not in message and "hidden" not in message
+    assert "percent-encode" not in message
 
 
 def test_a_schema_that_is_a_keyword_was_a_syntax_error() -> None:

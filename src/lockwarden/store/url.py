@@ -104,7 +104,7 @@ _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 _KEYWORD_FORM = re.compile(r"\s*[A-Za-z_]+\s*=")
 
 _EXAMPLES = (
-    "a file path, sqlite:////abs/path.db, postgresql://user@host:5432/db "
+    "a file path, sqlite:////abs/path.db, postgresql://user@host:5432/db, "
     "etcd://host:2379,host2:2379/prefix or mysql://user@host:3306/db"
 )
 
@@ -182,8 +182,8 @@ def _sqlite(rest: str) -> StoreURL:
         )
     if "?" in path or "#" in path:  # names only: a value may be a password
         raise LockUsageError(
-            "a SQLite URL takes no parameters ('?' or '#'); a file whose name has one: "
-            "give the path alone"
+            f"a SQLite URL takes no parameters{_named(path)}; a file whose name has '?' or "
+            "'#': give the path alone"
         )
     if not slash:
         path = ""
@@ -210,8 +210,9 @@ def _etcd(rest: str) -> StoreURL:
     """``etcd://`` + rest: endpoints, then an optional key prefix."""
     netloc, _, prefix = rest.partition("/")
     if "@" in netloc or "?" in rest or "#" in rest:  # not quoted: it may hold a password
+        named = "" if "@" in netloc else _named(rest)  # a "?" may be a password's
         raise LockUsageError(
-            "an etcd URL takes no user, password or parameters: write "
+            f"an etcd URL takes no user, password or parameters{named}: write "
             "etcd://host:port[,host:port...][/prefix]"
         )
     shown = f"etcd://{rest}"
@@ -275,8 +276,8 @@ def mysql_options(url: str) -> dict[str, object]:
         kind = _MYSQL_OPTIONS.get(key)
         if kind is None:
             raise LockUsageError(  # the name only: a value may be a secret
-                f"MySQL URL {shown!r} has an unknown parameter {key!r}: use "
-                + ", ".join(_MYSQL_OPTIONS)
+                f"MySQL URL {shown.partition('?')[0]!r} has an unknown parameter {key!r} "
+                f"(its value not shown): the known ones are {', '.join(_MYSQL_OPTIONS)}"
             )
         if kind is int:
             if not value.isdigit() or int(value) == 0:
@@ -324,6 +325,12 @@ def _postgres(url: str, *, keyword_form: bool) -> StoreURL:
     try:
         params = {key: str(value) for key, value in conninfo_to_dict(rest).items()}
     except psycopg.Error:  # libpq's message quotes the string, password and all: never shown
+        if not keyword_form and (unknown := _unknown_to_libpq(psycopg, rest)):
+            raise LockUsageError(
+                f"the PostgreSQL URL has an unknown parameter {unknown!r} (its value not "
+                "shown): the known ones are schema (lockwarden's) and libpq's: "
+                + ", ".join(_libpq_keywords(psycopg))
+            ) from None
         raise LockUsageError(
             "libpq cannot parse the PostgreSQL connection string (not shown: it may hold a "
             "password). In a URL, percent-encode reserved characters in the user name and "
@@ -346,6 +353,38 @@ def _postgres(url: str, *, keyword_form: bool) -> StoreURL:
     parsed = StoreURL("postgresql", target, checked, display, secrets)
     # A secret libpq found where our split did not (it should not happen) is still hidden.
     return StoreURL("postgresql", target, checked, parsed.redact(display), secrets)
+
+
+def _named(rest: str) -> str:
+    """ ": 'a', 'b' are unknown": the names of the parameters after the first ``?`` of
+    ``rest``, never their values (one may be a password), for a refusal."""
+    from urllib.parse import parse_qsl  # noqa: PLC0415  (SQLite's start skips it)
+
+    query = rest.partition("?")[2].partition("#")[0]
+    names = list(dict.fromkeys(key for key, _ in parse_qsl(query, keep_blank_values=True)))
+    if not names:
+        return ""
+    return f": {', '.join(map(repr, names))} {'is' if len(names) == 1 else 'are'} unknown"
+
+
+def _libpq_keywords(psycopg: Any) -> list[str]:
+    """The connection parameters this libpq knows (its ``PQconndefaults``)."""
+    return [option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults()]
+
+
+def _unknown_to_libpq(psycopg: Any, uri: str) -> str | None:
+    """The first parameter of a URI's query that libpq does not know, if any: the name
+    only (percent-decoded), which libpq's own message would show with the string."""
+    from urllib.parse import unquote  # noqa: PLC0415  (SQLite's start skips it)
+
+    known = set(_libpq_keywords(psycopg))
+    start = uri.index("//") + 2
+    query = uri[_userinfo_end(uri, start) or start :].partition("?")[2]  # not a password's "?"
+    for part in query.split("&") if query else ():
+        key = unquote(part.partition("=")[0])
+        if key and key not in known:
+            return key
+    return None
 
 
 def _split_uri(url: str) -> tuple[str, str | None, tuple[str, ...], str]:
