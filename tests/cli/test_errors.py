@@ -74,7 +74,7 @@ BAD_DATABASES = [
     ("mongodb://db/x", "unsupported store URL scheme 'mongodb'"),
     ("mysql://u:pw@127.0.0.1:1/x", "Can't connect"),
     ("sqlite://", "names no file"),
-    ("sqlite:////no/such/directory/locks.db", "unable to open database file"),
+    ("sqlite:////no/such/directory/locks.db", "the directory /no/such/directory does not exist"),
     ("postgresql://postgres@127.0.0.1:5432/test?schema=Bad-Name", "is not a plain identifier"),
     ("postgresql://postgres:pw@127.0.0.1:1/x", "127.0.0.1:1/x: connection failed"),
 ]
@@ -86,6 +86,17 @@ def test_an_unusable_database_exits_69(offline: Cli, url: str, message: str) -> 
     assert result.status == 69, result
     line = result.error_line()
     assert message in line and "pw" not in line
+
+
+def test_an_etcd_cluster_that_does_not_answer_is_said_without_a_dangling_colon(
+    offline: Cli,
+) -> None:
+    """etcd3gw's exceptions carry no text: the line ended in "reachable?): "."""
+    result = offline("status", "--db", "etcd://127.0.0.1:1/x", "--call-timeout", "0.3")
+    assert result.status == 69, result
+    line = result.error_line()
+    assert "no member answered within" in line
+    assert line.endswith("(is a majority of the cluster up and reachable?)"), line
 
 
 def test_a_state_directory_that_cannot_be_made_exits_69(offline: Cli, tmp_path: Path) -> None:

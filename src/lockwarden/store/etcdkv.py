@@ -199,6 +199,13 @@ def _maybe_applied(exc: Exception) -> bool:
     return not isinstance(getattr(failure.args[0], "reason", None), NewConnectionError)
 
 
+def _said(exc: Exception) -> str:
+    """ ": <what the exception says>", or nothing if it says nothing (etcd3gw's own
+    exceptions mostly carry no text: a message ended in a colon)."""
+    text = str(exc).strip()
+    return f": {text}" if text else ""
+
+
 class _Member(Etcd3Client):
     """etcd3gw's client of one member, each request timed out as the calling thread says:
     `CALL_TIMEOUT`, or what is left of the call if that is less (`Cluster.post`)."""
@@ -252,7 +259,7 @@ class Cluster:
                 resent = resent or _maybe_applied(exc)
             except exceptions.Etcd3Exception as exc:
                 raise StoreError(
-                    f"lock store {self.url.display}: etcd refused {path}: {exc}"
+                    f"lock store {self.url.display}: etcd refused {path}{_said(exc)}"
                 ) from exc
             else:
                 self._first = index
@@ -262,7 +269,7 @@ class Cluster:
                 raise StoreError(
                     f"lock store {self.url.display}: no member answered within "
                     f"{time.monotonic() - began:.1f} s (is a majority of the cluster up "
-                    f"and reachable?): {cause}"
+                    f"and reachable?){_said(cause)}"
                 ) from cause
             self.stats.add("retries")
             if tried % len(self._members) == 0:
