@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -90,6 +92,37 @@ def test_a_broken_hold_says_so_and_exits_70(cli: Cli, tmp_path: Path) -> None:
     assert cli("break", "--yes", "job").status == 0
     wait_for(lambda: not alive(pid), timeout=15, what="the holder to notice")
     assert "lost the write lock on 'job'" in err.read_text()
+
+
+def test_a_hold_broken_then_ended_says_in_plain_words_what_happened(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """Killed before its next look, the holder finds at its release that the lock was
+    broken: it said "was no longer held by this session before it was released"."""
+    shell = subprocess.Popen(["sleep", "60"])
+    err = tmp_path / "holder.err"
+    try:
+        with err.open("w") as stderr:
+            got = subprocess.run(
+                [str(LOCKWARDEN), "hold", "--ttl", "30", "--shell-pid", str(shell.pid), "job"],
+                env=cli.env,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                timeout=60,
+                check=True,
+            )
+        pid = int(got.stdout.split("LOCKWARDEN_HOLDER=")[1].split(";")[0])
+        assert cli("break", "--yes", "job").status == 0
+        os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not alive(pid), timeout=15, what="the holder to end")
+    finally:
+        shell.kill()
+        shell.wait()
+    said = err.read_text()
+    assert "lost the write lock on 'job' (token " in said, said
+    assert "was broken or taken over while held" in said, said
+    assert "no longer held by this session" not in said
 
 
 def test_wait_forever_waits_and_shows_who_holds_it_on_a_terminal(cli: Cli, store: Store) -> None:

@@ -129,10 +129,14 @@ def _holder(args: argparse.Namespace, url: str, shell: int, report: int) -> int:
                     _lose(lost, str(exc), stop)
                 except LockError:
                     continue  # unreachable database: the heartbeat's lease decides
+            if not lost:
+                try:
+                    held.release()
+                except LockLost as exc:  # broken (or its session lost) since the last look
+                    lost.append(str(exc))
             if lost:
                 say(f"lost the {what}: {lost[0]}", status=EX_SOFTWARE, as_json=args.json)
                 return EX_SOFTWARE
-            held.release()
             if args.verbose:
                 say(f"released the {what}")
             return 0

@@ -870,11 +870,12 @@ class Session:
             raise self._lost_error(stamp, " (it was broken or taken over)")
 
     def _lost_error(self, stamp: Stamp, when: str) -> LockLost:
-        why = f"; the session was lost: {self._lost}" if self._lost is not None else ""
         first = stamp.locks[0]
+        what = f"{describe([(g.name, g.mode) for g in stamp.locks])} (token {first.token})"
         return LockLost(
-            f"{describe([(g.name, g.mode) for g in stamp.locks])} (token {first.token}) "
-            f"was no longer held by this session{when}{why}",
+            f"{what} was lost with its session{when}: {self._lost}"
+            if self._lost is not None
+            else f"{what} was broken or taken over while held",
             name=first.name,
             token=first.token,
         )
