@@ -121,7 +121,7 @@ def _check(args: argparse.Namespace, url: str) -> int:
     except LockError as exc:
         raise CliError(EX_UNAVAILABLE, str(exc)) from exc
     if plan.found is None:
-        state = f"no lock store at {plan.url}: init would create one"
+        state = f"no lock store at {plan.url}"
     else:
         state = (
             f"lock store {plan.url} has schema version {plan.found}, usable by lockwarden "
@@ -132,10 +132,19 @@ def _check(args: argparse.Namespace, url: str) -> int:
         lines.append(f"this lockwarden cannot use it: {plan.refusal}")
     elif not plan.steps:
         lines.append("nothing to do: no upgrade needed")
+    elif plan.found is None:  # every step since the first: the history, not news
+        lines.append(
+            "init (or any command that takes a lock) would create it at schema version "
+            f"{schema.SCHEMA_VERSION}, in one transaction (--json lists the statements)"
+        )
     else:
         lines.append("init (or any command that takes a lock) would apply, in one transaction:")
         for version, statements in plan.steps:
-            lines.append(f"  step to version {version}:")
+            lines.append(
+                f"  step to version {version}:"
+                if statements
+                else f"  step to version {version}: the version number only (no statement)"
+            )
             lines.extend(f"    {' '.join(sql.split())}" for sql in statements)
     if args.json:
         emit(
