@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import enum
 import itertools
 import pickle
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import lockwarden
 from lockwarden import LockUsageError, Mode
 
 IS, IX, S, SIX, X = Mode.IS, Mode.IX, Mode.S, Mode.SIX, Mode.X
@@ -92,3 +95,16 @@ def test_parse_rejects_with_a_usage_error(bad: object) -> None:
 def test_modes_hash_by_identity_and_pickle_to_the_same_member() -> None:
     assert {m: m.value for m in Mode}[X] == "X"
     assert pickle.loads(pickle.dumps(SIX)) is SIX
+
+
+def test_a_mode_is_shown_as_the_json_spells_it_and_reads_back(tmp_path: Path) -> None:
+    """``print(entry.mode)`` showed ``Mode.X`` where ``status --json`` says "write"."""
+    assert [str(m) for m in Mode] == ["IS", "IX", "read", "SIX", "write"]
+    assert f"{S} {X}" == "read write"
+    assert all(Mode.parse(str(m)) is m for m in Mode)
+    assert repr(X) == "Mode.X" and isinstance(X, enum.Enum)  # still the enum, named so
+    store = lockwarden.connect(str(tmp_path / "locks.db"))
+    with store, store.session(app_id="a") as session, session.lock("n", mode="read"):
+        [entry] = store.locks()
+        assert (str(entry.mode), entry.mode) == ("read", S)
+        assert str(entry.mode) == entry.mode.word

@@ -112,6 +112,11 @@ class Mode(enum.Enum):
     def __repr__(self) -> str:
         return f"Mode.{self.value}"
 
+    def __str__(self) -> str:
+        """The mode as the command line and its JSON write it: `word` ("read", "write",
+        "IX", ...), which `parse` reads back. f-strings and ``print`` show it too."""
+        return self.word
+
     @property
     def word(self) -> str:
         """How the shared store says this mode: "read" for S, "write" for X (others: the name)."""

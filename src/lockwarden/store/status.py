@@ -30,6 +30,8 @@ class LockEntry(NamedTuple):
 
     name: str
     mode: Mode
+    """`Mode.S` or `Mode.X`, shown (``str``, ``print``) as ``status --json`` writes it:
+    "read" or "write"."""
     token: int
     holder: Holder
     """Session, app, host, pid, how long held, heartbeat age."""
@@ -43,6 +45,7 @@ class WaiterEntry(NamedTuple):
 
     name: str
     mode: Mode
+    """As `LockEntry.mode`: shown "read" or "write"."""
     session_id: str
     app_id: str
     host: str
