@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import random
 import threading
 import time
@@ -20,7 +21,7 @@ from lockwarden import (
     Mode,
     NotHeld,
 )
-from lockwarden.store import HeldLock, Stamp, Store
+from lockwarden.store import Cleaned, HeldLock, Stamp, Store
 from lockwarden.store.backend import AcquireRequest
 from tests.conftest import Background, lease_slack, resume_heartbeat, stop_heartbeat, wait_for
 
@@ -373,8 +374,21 @@ def test_clean_removes_dead_sessions(store: Store) -> None:
         [stale] = [e for e in store.locks() if e.stale]
         assert stale.name == "d1"
         cleaned = store.clean()
-        assert (cleaned.sessions, cleaned.holders) == (1, 1)
+        assert (cleaned.sessions, cleaned.locks, cleaned.waiters) == (1, 1, 0)
+        assert cleaned._asdict() == {"sessions": 1, "locks": 1, "waiters": 0}  # as clean --json
+        assert cleaned.holders == cleaned.locks  # the old name still reads
         assert [e.name for e in store.locks()] == ["d2"]
+
+
+def test_cleaned_is_built_by_its_new_and_its_old_names() -> None:
+    assert Cleaned(1, 2, 3) == Cleaned(sessions=1, locks=2, waiters=3)
+    assert Cleaned(sessions=1, holders=2, waiters=3) == (1, 2, 3)
+    assert repr(Cleaned(1, 2, 3)) == "Cleaned(sessions=1, locks=2, waiters=3)"
+    assert pickle.loads(pickle.dumps(Cleaned(1, 2, 3))) == Cleaned(1, 2, 3)
+    sessions, locks, waiters = Cleaned(1, 2, 3)._replace(locks=5)
+    assert (sessions, locks, waiters) == (1, 5, 3)
+    with pytest.raises(TypeError, match="locks \\(or holders, its old name\\)"):
+        Cleaned(1, 2, 3, holders=2)
 
 
 def test_every_lock_taken_over_from_a_dead_holder_is_counted_once(store: Store) -> None:
@@ -407,7 +421,7 @@ def test_every_lock_taken_over_from_a_dead_holder_is_counted_once(store: Store) 
         assert live.try_lock("behind") is None  # the dead reader goes, the live one stays
         assert store.reclaimed_count() == 5
         assert store.break_lock("broken") == 1
-        assert store.clean().holders == 1  # "left"
+        assert store.clean().locks == 1  # "left"
         assert store.reclaimed_count() == 5
         victim.close()
 

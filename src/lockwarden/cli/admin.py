@@ -65,8 +65,8 @@ def clean(args: argparse.Namespace, url: str) -> int:
     emit(
         args,
         f"removed {_count(removed.sessions, 'expired session')}, "
-        f"{_count(removed.holders, 'lock')} they held and {_count(removed.waiters, 'dead waiter')}",
-        {"sessions": removed.sessions, "locks": removed.holders, "waiters": removed.waiters},
+        f"{_count(removed.locks, 'lock')} they held and {_count(removed.waiters, 'dead waiter')}",
+        removed._asdict(),
     )
     return 0
 

@@ -90,12 +90,40 @@ class Permits(NamedTuple):
     write: int
 
 
-class Cleaned(NamedTuple):
-    """What `Store.clean` removed."""
-
+class _Removed(NamedTuple):
     sessions: int
-    holders: int
+    locks: int
     waiters: int
+
+
+class Cleaned(_Removed):
+    """What `Store.clean` removed: ``sessions``, the expired sessions; ``locks``, the locks
+    they still had; ``waiters``, the waiting requests whose session is gone or whose time
+    ran out. The words of ``lockwarden clean --json``.
+
+    ``holders`` is the old name of ``locks``: it still reads, and still builds one
+    (``Cleaned(sessions=1, holders=2, waiters=0)``).
+    """
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        sessions: int,
+        locks: int | None = None,
+        waiters: int | None = None,
+        *,
+        holders: int | None = None,
+    ) -> Cleaned:
+        removed = holders if locks is None else locks
+        if removed is None or (locks is not None and holders is not None) or waiters is None:
+            raise TypeError("Cleaned takes sessions, locks (or holders, its old name) and waiters")
+        return super().__new__(cls, sessions, removed, waiters)
+
+    @property
+    def holders(self) -> int:
+        """The old name of ``locks``."""
+        return self.locks
 
 
 class AdminAction(NamedTuple):
