@@ -334,3 +334,38 @@ def children() -> Iterator[Callable[..., Child]]:
     yield spawn
     for child in started:
         child.kill()
+
+
+# -- a private PostgreSQL primary and streaming standby (tests/store/failover.py) -----
+
+
+@pytest.fixture(scope="session")
+def pg_failover_template() -> Iterator[Any]:
+    """One ``initdb`` for the whole run, copied by every `pg_pair` (skips where Debian's
+    PostgreSQL 15 server programs are missing)."""
+    from tests.store import failover  # noqa: PLC0415  (only the failover tests need it)
+
+    why = failover.missing()
+    if why is not None:
+        pytest.skip(why)
+    template = failover.Template()
+    yield template
+    template.close()
+
+
+@pytest.fixture
+def pg_pair(pg_failover_template: Any) -> Iterator[Callable[..., Any]]:
+    """Start a private primary and streaming standby (``pg_pair(sync=False)``); all are
+    stopped and removed at the end, whatever happened."""
+    from tests.store import failover  # noqa: PLC0415
+
+    pairs: list[failover.Pair] = []
+
+    def start(*, sync: bool) -> failover.Pair:
+        pair = failover.Pair(pg_failover_template, sync=sync)
+        pairs.append(pair)
+        return pair
+
+    yield start
+    for pair in pairs:
+        pair.close()
