@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import lockwarden
+
 ROOT = Path(__file__).resolve().parent.parent
 GUIDES = sorted((ROOT / "docs").glob("*.md"))
 BLOCKS = [
@@ -68,3 +70,14 @@ def test_the_license_is_the_one_pyproject_names() -> None:
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert meta["license"] == "MIT"
     assert (ROOT / "LICENSE").read_text().startswith("MIT License\n")
+
+
+def test_session_ids_are_as_long_as_the_cli_reference_says(tmp_path: Path) -> None:
+    """docs/cli.md gave them as 32 hex digits; a SQL store's have 48 (an etcd store's 32)."""
+    reference = (ROOT / "docs" / "cli.md").read_text()
+    assert "| the holder's session: 48 hex digits (" in reference
+    assert "32 hex" not in reference
+    shown = re.findall(r'"session_id": "([0-9a-f]*)"', reference)
+    assert shown and all(len(s) == 48 for s in shown)
+    with lockwarden.connect(str(tmp_path / "locks.db")) as store, store.session("a") as s:
+        assert re.fullmatch(r"[0-9a-f]{48}", s.id)
