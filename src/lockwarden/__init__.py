@@ -3,8 +3,8 @@
 In one process, `LockManager` is a lock table like a database engine's:
 multi-granularity modes, FIFO queues, upgrades, timeouts and deadlock
 detection, for threads and asyncio tasks. Across processes and hosts,
-`connect` opens a shared lock store on SQLite or PostgreSQL with leases,
-heartbeats and fencing tokens.
+`connect` opens a shared lock store on SQLite, PostgreSQL, MariaDB/MySQL or
+an etcd cluster, with leases, heartbeats and fencing tokens.
 """
 
 from typing import TYPE_CHECKING

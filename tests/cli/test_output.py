@@ -7,10 +7,13 @@ import os
 import shlex
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
 
+import lockwarden
+import lockwarden.store
 from lockwarden.cli import main
 from lockwarden.cli.terminal import printable
 from lockwarden.store import Store
@@ -191,3 +194,27 @@ def test_the_manpage_renders(offline: Cli, tmp_path: Path) -> None:
         ).stdout
         assert "lockwarden run [options] NAME -- CMD [ARGS...]" in shown
         assert "--wait SECONDS" in shown and "LOCKWARDEN_DB" in shown
+
+
+BACKENDS = ("SQLite", "PostgreSQL", "MariaDB/MySQL", "etcd")
+
+
+def test_the_help_the_manpage_and_the_package_name_every_backend(offline: Cli) -> None:
+    """They named SQLite and PostgreSQL only."""
+    meta = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    page = offline("manpage").out
+    name_line = page.split(".SH NAME\n", 1)[1].splitlines()[0]
+    texts = {
+        "--help": offline("--help").out,
+        "run --help": offline("run", "--help").out,
+        "the man page's NAME": name_line,
+        "the man page's DESCRIPTION": page.split(".SH DESCRIPTION\n", 1)[1].split(".SH", 1)[0],
+        "lockwarden": lockwarden.__doc__ or "",
+        "lockwarden.store": lockwarden.store.__doc__ or "",
+        "pyproject.toml": meta["description"],
+    }
+    for where, text in texts.items():
+        flat = " ".join(text.split())
+        assert all(backend in flat for backend in BACKENDS), (where, text)
+    assert "mysql://user@host:3306/db" in texts["--help"]
+    assert "etcd://host:2379" in texts["--help"]

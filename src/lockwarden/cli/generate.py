@@ -120,6 +120,13 @@ def _option(action: argparse.Action) -> str:
     return f".TP\n{names}\n{_roff(action.help or '')}"
 
 
+def _summary(description: str) -> str:
+    """The top description as the NAME line wants it: one line, lower case first, no
+    full stop (the backends' names keep their capitals)."""
+    line = " ".join(description.split()).rstrip(".")
+    return line[:1].lower() + line[1:]
+
+
 def manpage_text(top: argparse.ArgumentParser) -> str:
     """The manual page in roff (man(7) macros)."""
     commands = _commands(top)
@@ -127,14 +134,15 @@ def manpage_text(top: argparse.ArgumentParser) -> str:
     out = [
         f'.TH LOCKWARDEN 1 "" "lockwarden {__version__}" "User Commands"',
         ".SH NAME",
-        f"lockwarden \\- {_roff((top.description or '').rstrip('.').lower())}",
+        f"lockwarden \\- {_roff(_summary(top.description or ''))}",
         ".SH SYNOPSIS",
         ".nf",
         *(_roff(c.parser.format_usage().removeprefix("usage: ").strip()) for c in commands),
         ".fi",
         ".SH DESCRIPTION",
-        "Locks shared by processes on one host (SQLite) or a fleet of hosts (PostgreSQL), "
-        "with leases, heartbeats and fencing tokens. Every command takes the options "
+        "Locks shared by processes on one host (SQLite) or a fleet of hosts (PostgreSQL, "
+        "MariaDB/MySQL or an etcd cluster), with leases, heartbeats and fencing tokens. "
+        "Every command takes the options "
         "under \\fBCOMMON OPTIONS\\fR, before or after its name.",
         ".SH COMMANDS",
     ]

@@ -64,7 +64,10 @@ exit status:
 DATABASE = f"""\
 database: --db URL, else ${DB_ENV}, else an SQLite file in the user's state
 directory (~/.local/state/lockwarden/locks.db on Linux), created on first use.
-URLs: sqlite:////abs/path.db, postgresql://user@host:5432/db?schema=NAME"""
+URLs: SQLite: a file path, or sqlite:////abs/path.db
+      PostgreSQL: postgresql://user@host:5432/db?schema=NAME
+      MariaDB/MySQL: mysql://user@host:3306/db
+      etcd: etcd://host:2379,host2:2379,host3:2379/PREFIX"""
 
 SHELLS = ("bash", "zsh")
 
@@ -200,7 +203,8 @@ def parser(only: str | None = None) -> _Parser:
 
     top = _Parser(
         prog="lockwarden",
-        description="Database-grade locks shared by processes and hosts, from the shell.",
+        description="Database-grade locks shared by processes and hosts, from the shell,\n"
+        "through SQLite, PostgreSQL, MariaDB/MySQL or an etcd cluster.",
         epilog=f"{DATABASE}\n\n{EXIT_STATUSES}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common],

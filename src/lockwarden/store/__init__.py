@@ -1,5 +1,6 @@
-"""The shared lock store: locks shared by processes and hosts
-through SQLite or PostgreSQL, with the database as the only coordinator.
+"""The shared lock store: locks shared by processes and hosts through SQLite,
+PostgreSQL, MariaDB/MySQL or an etcd cluster, with the database as the only
+coordinator.
 
 Start with `lockwarden.connect`; the design note (README.md beside this file)
 explains the tables, the algorithm and why it is safe.
