@@ -29,7 +29,7 @@ def example(marker: str) -> str:
 
 
 def test_every_python_example_is_run_here() -> None:
-    assert len(EXAMPLES) == 2
+    assert len(EXAMPLES) == 3
 
 
 def test_the_lock_manager_example_runs_as_written(tmp_path: Path) -> None:
@@ -39,9 +39,19 @@ def test_the_lock_manager_example_runs_as_written(tmp_path: Path) -> None:
 
 
 def test_the_store_example_runs_as_written(tmp_path: Path) -> None:
-    out = run_python(example("lockwarden.connect("), tmp_path)
+    out = run_python(example('app_id="billing"'), tmp_path)
     assert out == "holding invoices with fencing token 1\nreports got None\n[]\n"
     assert (tmp_path / "locks.db").exists()
+
+
+def test_the_asyncio_example_runs_as_written(tmp_path: Path) -> None:
+    """await, async with (both forms) and a cancelled waiter that leaves nothing queued."""
+    code = example("asyncio.run(main())")
+    assert "await session.lock_async(" in code and "async with session.lock_async(" in code
+    out = run_python(code, tmp_path)
+    assert out == (
+        "holding invoices with fencing token 1\nwaiting: []\nholding it again with token 2\n"
+    )
 
 
 def test_the_first_command_installs_and_runs_lockwarden_on_the_default_store(
