@@ -369,3 +369,34 @@ def pg_pair(pg_failover_template: Any) -> Iterator[Callable[..., Any]]:
     yield start
     for pair in pairs:
         pair.close()
+
+
+@pytest.fixture(scope="session")
+def mariadb_failover_template() -> Iterator[Any]:
+    """One ``mariadb-install-db`` for the whole run, copied by every `mariadb_pair`."""
+    from tests.store import failover  # noqa: PLC0415
+
+    why = failover.mariadb_missing()
+    if why is not None:
+        pytest.skip(why)
+    template = failover.MariaTemplate()
+    yield template
+    template.close()
+
+
+@pytest.fixture
+def mariadb_pair(mariadb_failover_template: Any) -> Iterator[Callable[[], Any]]:
+    """Start a private MariaDB primary and replica (``mariadb_pair()``); stopped and removed
+    at the end."""
+    from tests.store import failover  # noqa: PLC0415
+
+    pairs: list[failover.MariaPair] = []
+
+    def start() -> failover.MariaPair:
+        pair = failover.MariaPair(mariadb_failover_template)
+        pairs.append(pair)
+        return pair
+
+    yield start
+    for pair in pairs:
+        pair.close()

@@ -39,13 +39,16 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from chaos.proxy import Proxy
+from lockwarden import LockLost
 
 BIN = Path(os.environ.get("LOCKWARDEN_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 """Where ``initdb``, ``pg_ctl`` and ``postgres`` are (Debian's ``postgresql-15``)."""
@@ -132,6 +135,20 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
     except OSError:
         return False
+
+
+@dataclass
+class Told:
+    """An ``on_lost`` that records when it was called and with what."""
+
+    at: list[float] = field(default_factory=list)
+    why: list[str] = field(default_factory=list)
+    event: threading.Event = field(default_factory=threading.Event)
+
+    def __call__(self, exc: LockLost) -> None:
+        self.at.append(time.monotonic())
+        self.why.append(str(exc))
+        self.event.set()
 
 
 class Template:
@@ -399,3 +416,201 @@ class Pair:
             with contextlib.suppress(Exception):
                 server.stop()
             shutil.rmtree(server.data.parent, ignore_errors=True)
+
+
+# -- MariaDB: a primary and a replica ------------------------------------------------
+
+MARIADB_USER = "mysql"
+
+
+def mariadb_missing() -> str | None:
+    """Why private MariaDB servers cannot be started here (None if they can)."""
+    for program in ("mariadbd", "mariadb-install-db"):
+        if shutil.which(program) is None:
+            return f"needs the MariaDB server programs ({program}: Debian's mariadb-server)"
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam(MARIADB_USER)
+        except KeyError:
+            return f"run as root, needs the {MARIADB_USER!r} user to run the servers as"
+    return None
+
+
+def _give_to(path: Path, user: str) -> None:
+    if os.geteuid() == 0:
+        subprocess.run(["chown", "-R", f"{user}:", str(path)], check=True)
+
+
+class MariaTemplate:
+    """One ``mariadb-install-db``: the data directory every MariaDB server copies."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="lw-mariadb-", dir=_scratch()))
+        os.chmod(self.root, 0o755)
+        self.data = self.root / "template"
+        user = [f"--user={MARIADB_USER}"] if os.geteuid() == 0 else []
+        subprocess.run(
+            [
+                "mariadb-install-db",
+                "--no-defaults",
+                f"--datadir={self.data}",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+                *user,
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+
+    def copy(self, name: str) -> Path:
+        target = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.root))
+        os.chmod(target, 0o755)
+        subprocess.run(["cp", "-a", str(self.data), str(target / "data")], check=True)
+        _give_to(target, MARIADB_USER)
+        return target
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class MariaServer:
+    """One ``mariadbd`` (binary log on, so that a replica can become a primary)."""
+
+    def __init__(self, root: Path, server_id: int) -> None:
+        self.root = root
+        self.server_id = server_id
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        user = [f"--user={MARIADB_USER}"] if os.geteuid() == 0 else []
+        self.proc = subprocess.Popen(
+            [
+                "mariadbd",
+                "--no-defaults",
+                f"--datadir={self.root / 'data'}",
+                f"--port={self.port}",
+                "--bind-address=127.0.0.1",
+                f"--socket={self.root / 'sock'}",
+                f"--pid-file={self.root / 'pid'}",
+                f"--log-error={self.root / 'error.log'}",
+                f"--server-id={self.server_id}",
+                f"--log-bin={self.root / 'data' / 'binlog'}",
+                "--log-slave-updates",
+                "--innodb-buffer-pool-size=16M",
+                "--skip-name-resolve",
+                *user,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.execute("SELECT 1")
+                return
+            except Exception:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"mariadbd {self.server_id} did not start") from None
+                time.sleep(0.05)
+
+    def connect(self) -> Any:
+        import MySQLdb  # noqa: PLC0415  (only where MariaDB is tested)
+
+        return MySQLdb.connect(
+            host="127.0.0.1", port=self.port, user="root", connect_timeout=5, autocommit=True
+        )
+
+    def execute(self, sql: str) -> list[tuple[Any, ...]]:
+        conn = self.connect()
+        try:
+            cur = conn.cursor()
+            cur.execute(sql)
+            return list(cur.fetchall() or [])
+        finally:
+            conn.close()
+
+    def value(self, sql: str) -> Any:
+        rows = self.execute(sql)
+        return rows[0][0] if rows else None
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(30)
+            self.proc = None
+
+
+class Switch(Proxy):
+    """A proxy whose target can be moved (a virtual address, a load balancer): clients keep
+    one URL, and `point_at` cuts their connections and sends new ones elsewhere."""
+
+    def point_at(self, port: int) -> None:
+        self.cut()
+        self._target = ("127.0.0.1", port)
+        self.restore()
+
+
+class MariaPair:
+    """A MariaDB primary and its replica (asynchronous, GTID), the clients reaching
+    whichever is the primary through a `Switch`."""
+
+    def __init__(self, template: MariaTemplate) -> None:
+        self.primary = MariaServer(template.copy("primary"), 1)
+        self.replica = MariaServer(template.copy("replica"), 2)
+        self.switch: Switch | None = None
+        try:
+            self.primary.start()
+            self.primary.execute("CREATE DATABASE locks")
+            self.replica.start()
+            self.replica.execute(
+                f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={self.primary.port},"
+                " MASTER_USER='root', MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1"
+            )
+            self.replica.execute("START SLAVE")
+            self.switch = Switch(("127.0.0.1", self.primary.port))
+            self.wait_replayed()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def url(self) -> str:
+        assert self.switch is not None
+        return f"mysql://root@127.0.0.1:{self.switch.port}/locks?connect_timeout=2"
+
+    def wait_replayed(self, timeout: float = 20.0) -> None:
+        """Until the replica has applied everything the primary has logged."""
+        deadline = time.monotonic() + timeout
+        while True:
+            target = self.primary.value("SELECT @@gtid_binlog_pos")
+            if target and self.replica.value(f"SELECT MASTER_GTID_WAIT('{target}', 0.5)") == 0:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the replica did not reach {target}")
+
+    def hold_back(self) -> None:
+        """The replica stops fetching from the primary (its I/O thread stopped), after
+        catching up: what commits from now on stays on the primary."""
+        self.wait_replayed()
+        self.replica.execute("STOP SLAVE IO_THREAD")
+
+    def promote(self) -> float:
+        """The primary killed, the replica made the primary (replication stopped and
+        forgotten), the clients' switch pointed at it: the seconds it took."""
+        began = time.monotonic()
+        self.primary.kill()
+        self.replica.execute("STOP SLAVE")
+        self.replica.execute("RESET SLAVE ALL")
+        assert self.switch is not None
+        self.switch.point_at(self.replica.port)
+        return time.monotonic() - began
+
+    def close(self) -> None:
+        if self.switch is not None:
+            self.switch.close()
+        for server in (self.replica, self.primary):
+            with contextlib.suppress(Exception):
+                server.kill()
+            shutil.rmtree(server.root, ignore_errors=True)

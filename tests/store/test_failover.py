@@ -54,7 +54,7 @@ from lockwarden import LockLost, LockTimeout, NotHeld, StoreError
 from lockwarden.store import Session, Store
 from lockwarden.store.postgres import PostgresBackend
 from tests.conftest import Background, wait_for
-from tests.store.failover import Pair, Server
+from tests.store.failover import Pair, Server, Told
 
 pytestmark = pytest.mark.slow
 
@@ -91,20 +91,6 @@ CRASH_UNSEEN = (
     "postmaster: pg_postmaster_start_time() does not change, so neither the relaxed "
     "sessions nor the token sequence notice that relaxed commits were forgotten"
 )
-
-
-@dataclass
-class Told:
-    """An ``on_lost`` that records when it was called and with what."""
-
-    at: list[float] = field(default_factory=list)
-    why: list[str] = field(default_factory=list)
-    event: threading.Event = field(default_factory=threading.Event)
-
-    def __call__(self, exc: LockLost) -> None:
-        self.at.append(time.monotonic())
-        self.why.append(str(exc))
-        self.event.set()
 
 
 @dataclass
