@@ -115,9 +115,10 @@ def test_break_asks_first_and_fences_off_the_holder(cli: Cli, store: Store) -> N
 
 def test_verbose_shows_the_override_as_the_store_logs_it(cli: Cli, store: Store) -> None:
     with store.session(app_id="stuck") as session:
-        session.lock("job")
+        held = session.lock("job")
         quiet = cli("break", "--yes", "job")
         assert quiet.status == 0 and quiet.err == ""  # INFO records only with --verbose
+        assert not held.owned()  # the holder learns it is gone, and takes it again
         session.lock("job")
         loud = cli("--verbose", "break", "--yes", "job")
     # The store's admin log record, set up for the command line on its first record.

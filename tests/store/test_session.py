@@ -651,6 +651,11 @@ def test_locking_a_name_the_caller_already_holds_fails_at_once(store: Store) -> 
             assert "not reentrant" in str(err.value)
         assert store.waiters() == []
         assert [e.token for e in store.locks()] == [held.token]
+        # A lock the holder has learnt is gone (broken) may be asked for again.
+        store.break_lock("job")
+        with pytest.raises(LockLost):
+            held.check()
+        held = s.lock("job", "read", timeout=5)
         # Another thread of the session waits for it, as for anyone's lock.
         waiting = Background(lambda: s.lock("job", "write", timeout=10))
         wait_for(lambda: store.waiters("job"), what="the other thread to queue")

@@ -648,7 +648,7 @@ class Session:
             mine = [
                 g
                 for stamp in self._held.values()
-                if stamp._owner == caller
+                if stamp._owner == caller and not stamp._gone
                 for g in stamp.locks
                 if g.name in wanted
             ]
@@ -867,6 +867,7 @@ class Session:
             self._lose("the database no longer counts this session as live")
             raise self._lost_error(stamp, "")
         if row["held"] < len(stamp.locks):
+            stamp._gone = True  # known gone: asking for its names again is no reentry
             raise self._lost_error(stamp, " (it was broken or taken over)")
 
     def _lost_error(self, stamp: Stamp, when: str) -> LockLost:
@@ -1203,6 +1204,9 @@ class Stamp:
         self._granted = time.monotonic()  # for the hold time `lockwarden.hooks` reports
         self._owner: object = None
         """The thread (ident) or asyncio task that took it (`Session._refuse_reentry`)."""
+        self._gone = False
+        """`check` found some of its locks gone (broken, taken over): taking them again
+        is no reentry."""
 
     @property
     def tokens(self) -> dict[str, int]:
