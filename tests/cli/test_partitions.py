@@ -58,9 +58,9 @@ def test_a_cut_off_run_has_ended_cmd_before_another_run_is_granted(
 ) -> None:
     life, got = tmp_path / "life", tmp_path / "got"
     script = ("trap '' TERM; " if cmd == "ignores SIGTERM" else "") + LIFE.format(life=life)
-    first = far.start("run", "--ttl", "6", "job", "--", "sh", "-c", script)
+    first = far.start("run", "--ttl", "3", "job", "--", "sh", "-c", script)
     wait_for(life.exists, what="CMD to start")
-    time.sleep(1.0)
+    time.sleep(0.5)
     partitionable.freeze()
     try:
         second = Cli(partitionable.near, tmp_path)(
@@ -84,7 +84,7 @@ def test_a_run_whose_database_goes_away_exits_70_not_with_cmds_status(
 ) -> None:
     life, got = tmp_path / "life", tmp_path / "got"
     script = f"trap 'exit 9' TERM; {LIFE.format(life=life)}"
-    first = far.start("run", "--ttl", "6", "job", "--", "sh", "-c", script)
+    first = far.start("run", "--ttl", "3", "job", "--", "sh", "-c", script)
     wait_for(life.exists, what="CMD to start")
     partitionable.cut()  # every connection reset, new ones refused
     second = Cli(partitionable.near, tmp_path)(
@@ -178,7 +178,7 @@ def test_a_cut_off_hold_ends_its_holder_by_the_lease(
     err = tmp_path / "holder.err"
     with err.open("w") as stderr:
         got = subprocess.run(
-            [str(LOCKWARDEN), "hold", "--ttl", "4", "job"],
+            [str(LOCKWARDEN), "hold", "--ttl", "3", "job"],
             env=far.env,
             stdout=subprocess.PIPE,
             stderr=stderr,
@@ -190,12 +190,12 @@ def test_a_cut_off_hold_ends_its_holder_by_the_lease(
     partitionable.freeze()
     try:
         cut = time.monotonic()
-        wait_for(lambda: "lost the write lock on 'job'" in err.read_text(), timeout=4 * 0.9 + 1)
+        wait_for(lambda: "lost the write lock on 'job'" in err.read_text(), timeout=3 * 0.9 + 1)
         said = time.monotonic()
         taker = Cli(partitionable.near, tmp_path)
         second = taker("run", "--wait", "60", "job", "--", "true", timeout=90)
         assert second.status == 0, second
-        assert said - cut < 4 * 0.9 + 0.5
+        assert said - cut < 3 * 0.9 + 0.5
         wait_for(lambda: not Path(f"/proc/{holder}").exists(), timeout=15, what="the holder")
     finally:
         partitionable.thaw()

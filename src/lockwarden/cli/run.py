@@ -52,6 +52,7 @@ from lockwarden.cli.common import (
 )
 from lockwarden.cli.progress import Progress
 from lockwarden.cli.terminal import say
+from lockwarden.store import bounds
 from lockwarden.store.lease import MARGIN as LEASE_MARGIN
 
 if TYPE_CHECKING:
@@ -62,6 +63,9 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 KEYBOARD = (signal.SIGINT, signal.SIGQUIT)
 """Signals a terminal sends to its whole foreground process group (Ctrl-C, Ctrl-\\)."""
+
+TIDY_UP = 1.0
+"""Seconds a lost session's ending may wait for the database (`session_for`)."""
 
 TERM_BEFORE = 0.25
 """The most (a fraction of the TTL) of a lease at risk that CMD gets between SIGTERM and
@@ -296,12 +300,14 @@ def session_for(
     Ending it fails only when the database is away, and then nothing is left
     for the user to act on: its lock was released, or the failed release was
     already reported, and the session expires a TTL after its last heartbeat.
+    A lost session's rows count for nothing, so its ending is tidying, and
+    waits for an unreachable database no longer than `TIDY_UP`.
     """
     session = store.session(app_id=args.app, ttl=args.ttl, on_lost=on_lost)
     try:
         yield session
     finally:
-        with contextlib.suppress(LockError):
+        with contextlib.suppress(LockError), bounds.within(TIDY_UP if session.lost else math.inf):
             session.close()
 
 
@@ -412,7 +418,8 @@ def _hold(held: HeldLock, job: Job, args: argparse.Namespace) -> int:
             status=EX_SOFTWARE,
             as_json=args.json,
         )
-        with contextlib.suppress(LockError):  # what is left of it: nothing that counts
+        # What is left of it (a broken lock's other rows) is given back while the lease lasts.
+        with contextlib.suppress(LockError), bounds.within(session.lease_left):
             held.release()
         return EX_SOFTWARE
     if args.verbose:
