@@ -265,7 +265,7 @@ time.sleep(60)
 @pytest.mark.slow
 def test_a_failed_release_keeps_cmds_status_and_says_so(sqlite_url: str, tmp_path: Path) -> None:
     """CMD ends with 7; the database then refuses writes (another process holds its write
-    lock past lockwarden's busy timeout), so the release fails. CMD's work is done:
+    lock past the call timeout, 1 s here), so the release fails. CMD's work is done:
     the status stays 7, and one line says the lock could not be released."""
     lockwarden.connect(sqlite_url).close()
     cli = Cli(sqlite_url, tmp_path)
@@ -277,7 +277,9 @@ def test_a_failed_release_keeps_cmds_status_and_says_so(sqlite_url: str, tmp_pat
         f'while [ ! -s "{marker}" ]; do sleep 0.01; done; exit 7'
     )
     try:
-        result = cli("run", "--ttl", "120", "job", "--", "sh", "-c", cmd, timeout=120)
+        result = cli(
+            "--call-timeout", "1", "run", "--ttl", "120", "job", "--", "sh", "-c", cmd, timeout=120
+        )
     finally:
         if marker.exists():
             os.kill(int(marker.read_text()), signal.SIGKILL)
