@@ -198,7 +198,7 @@ class Job:
         """SIGKILL CMD ``--kill-after`` seconds after SIGTERM, or as the lease runs out if
         that comes first: CMD must have ended before the lock can pass on."""
         while (due := min(termed + self.kill_after, self.lease_end())) > time.monotonic():
-            time.sleep(due - time.monotonic())  # a lease end only moves later: look again
+            time.sleep(max(0.0, due - time.monotonic()))  # a lease end only moves later
         early = due < termed + self.kill_after
         if self._send(signal.SIGKILL):
             self.stopped = (
