@@ -134,7 +134,11 @@ class Connections:
 
         given = conninfo_to_dict(url.target).get("connect_timeout")
         given = given if given is not None else os.environ.get("PGCONNECT_TIMEOUT", "0")
-        self._connect_timeout = float(given) if float(given) > 0 else math.inf
+        try:
+            seconds = float(given)
+        except ValueError:  # libpq says what is wrong with it when it connects
+            seconds = 0.0
+        self._connect_timeout = seconds if seconds > 0 else math.inf
         """The URL's ``connect_timeout`` (libpq's: 0 or less waits for ever)."""
         # UTF-8 on the wire whatever the database's encoding: `call` encodes and decodes so.
         self._kwargs: dict[str, Any] = {
