@@ -200,8 +200,8 @@ def _maybe_applied(exc: Exception) -> bool:
 
 
 def _said(exc: Exception) -> str:
-    """ ": <what the exception says>", or nothing if it says nothing (etcd3gw's own
-    exceptions mostly carry no text: a message ended in a colon)."""
+    """What ``exc`` says, after a colon, for the end of a message; nothing if it says
+    nothing (etcd3gw's own exceptions mostly carry no text: a message ended in ": ")."""
     text = str(exc).strip()
     return f": {text}" if text else ""
 
