@@ -355,3 +355,11 @@ def test_the_cli_takes_a_plain_path_and_shows_it_absolute(tmp_path: Path) -> Non
         0,
         f"lock store ready: sqlite:///{tmp_path}/here.db\n",
     )
+
+
+@pytest.mark.parametrize("char", ["?", "#", "/"])
+def test_a_mysql_password_with_an_unencoded_delimiter_is_refused_unshown(char: str) -> None:
+    """Where such a password ends is unclear: a message quoting the URL showed part of it."""
+    with pytest.raises(LockUsageError, match="percent-encode") as err:
+        lockwarden.connect(f"mysql://user:se{char}cret@db.internal/locks")
+    assert "cret" not in str(err.value) and "db.internal" not in str(err.value)

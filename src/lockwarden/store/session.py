@@ -407,7 +407,7 @@ class Store:
         """Remove expired sessions with their locks and waits, and waits past their deadline."""
         self._backend.query(queries.EXPIRE_STALE, write=True)
         waiters, holders, sessions = self._backend.change(queries.CLEAN, {})
-        return Cleaned(sessions=len(sessions), holders=len(holders), waiters=len(waiters))
+        return Cleaned(sessions=len(sessions), locks=len(holders), waiters=len(waiters))
 
     def locks(self, name: str | None = None) -> list[LockEntry]:
         """Every granted lock (or those on ``name``), stale ones included and flagged."""
@@ -868,9 +868,11 @@ class Session:
             raise self._lost_error(stamp, "")
         if row["held"] < len(stamp.locks):
             stamp._gone = True  # known gone: asking for its names again is no reentry
-            raise self._lost_error(stamp, " (it was broken or taken over)")
+            raise self._lost_error(stamp, "")
 
     def _lost_error(self, stamp: Stamp, when: str) -> LockLost:
+        """The `LockLost` of ``stamp``: lost with the session (``when``: the moment, as
+        " before it was released"), or, the session being live, broken or taken over."""
         first = stamp.locks[0]
         what = f"{describe([(g.name, g.mode) for g in stamp.locks])} (token {first.token})"
         return LockLost(

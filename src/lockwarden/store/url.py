@@ -245,6 +245,13 @@ def mysql_options(url: str) -> dict[str, object]:
     """The driver's connection arguments for a MySQL URL; `LockUsageError` if any is bad."""
     from urllib.parse import parse_qsl, unquote, urlsplit  # noqa: PLC0415  (SQLite's start skips it)
 
+    userinfo = url.partition("://")[2].rpartition("@")[0]
+    if any(c in userinfo for c in "/?#"):  # not quoted: where the password ends is unclear
+        raise LockUsageError(
+            "MySQL URL has a '/', '?' or '#' in its user name or password (or an '@' after "
+            "it): percent-encode them (%2F, %3F, %23, %40); the URL is not shown, as it may "
+            "hold a password"
+        )
     try:
         parts = urlsplit(url)
     except ValueError:  # not quoted: the URL may hold a password
