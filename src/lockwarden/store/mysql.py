@@ -120,7 +120,7 @@ _RULES: Final[tuple[tuple[re.Pattern[str], str], ...]] = tuple(
         # be run again: DDL commits at once, so a migration cut short is finished
         # by the next one rather than rolled back.
         (r"\bvalue TEXT\b", "value LONGTEXT"),
-        # Session and request ids are 32 hex digits; two of them and a name fit in a key.
+        # Session ids are 48 hex digits, request ids 32; two of them and a name fit in a key.
         (r"\b(id|request_id|session_id) TEXT\b", r"\1 VARCHAR(64)"),
         (r"\bTEXT\b(?=[\s,)])", "VARCHAR(512)"),
         (r"^\s*CREATE TABLE (?:IF NOT EXISTS )?(.*)\)\s*$", r"CREATE TABLE IF NOT EXISTS \1)"),
