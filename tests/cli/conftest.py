@@ -265,3 +265,19 @@ def on_terminal(
     finally:
         os.close(main)
         os.close(terminal)
+
+
+def start_hold(cli: Cli, err: Path, *args: str) -> int:
+    """Run ``lockwarden hold args...`` as a shell's ``$(...)`` would, its holder's stderr
+    going to ``err``; the holder's pid, once the lock is held."""
+    with err.open("w") as stderr:
+        got = subprocess.run(
+            [str(LOCKWARDEN), "hold", *args],
+            env=cli.env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+    return int(got.stdout.split("LOCKWARDEN_HOLDER=")[1].split(";")[0])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from lockwarden.store import Store
-from tests.cli.conftest import LOCKWARDEN, Cli, alive, hold, on_terminal
+from tests.cli.conftest import LOCKWARDEN, Cli, alive, hold, on_terminal, start_hold
 from tests.conftest import wait_for
 
 SCRIPT = """
@@ -78,17 +78,7 @@ def test_hold_on_a_busy_lock_exits_75_and_prints_no_assignments(cli: Cli) -> Non
 
 def test_a_broken_hold_says_so_and_exits_70(cli: Cli, tmp_path: Path) -> None:
     err = tmp_path / "holder.err"
-    with err.open("w") as stderr:
-        got = subprocess.run(
-            [str(LOCKWARDEN), "hold", "--ttl", "1.5", "job"],
-            env=cli.env,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-    pid = int(got.stdout.split("LOCKWARDEN_HOLDER=")[1].split(";")[0])
+    pid = start_hold(cli, err, "--ttl", "1.5", "job")
     assert cli("break", "--yes", "job").status == 0
     wait_for(lambda: not alive(pid), timeout=15, what="the holder to notice")
     assert "lost the write lock on 'job'" in err.read_text()
@@ -102,17 +92,7 @@ def test_a_hold_broken_then_ended_says_in_plain_words_what_happened(
     shell = subprocess.Popen(["sleep", "60"])
     err = tmp_path / "holder.err"
     try:
-        with err.open("w") as stderr:
-            got = subprocess.run(
-                [str(LOCKWARDEN), "hold", "--ttl", "30", "--shell-pid", str(shell.pid), "job"],
-                env=cli.env,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-                timeout=60,
-                check=True,
-            )
-        pid = int(got.stdout.split("LOCKWARDEN_HOLDER=")[1].split(";")[0])
+        pid = start_hold(cli, err, "--ttl", "30", "--shell-pid", str(shell.pid), "job")
         assert cli("break", "--yes", "job").status == 0
         os.kill(pid, signal.SIGTERM)
         wait_for(lambda: not alive(pid), timeout=15, what="the holder to end")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import LOCKWARDEN, Cli, Result
+from tests.cli.conftest import Cli, Result, start_hold
 from tests.conftest import Partitionable, wait_for
 
 pytestmark = pytest.mark.slow
@@ -176,17 +176,7 @@ def test_a_cut_off_hold_ends_its_holder_by_the_lease(
     partitionable: Partitionable, far: Cli, tmp_path: Path
 ) -> None:
     err = tmp_path / "holder.err"
-    with err.open("w") as stderr:
-        got = subprocess.run(
-            [str(LOCKWARDEN), "hold", "--ttl", "3", "job"],
-            env=far.env,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-    holder = int(got.stdout.split("LOCKWARDEN_HOLDER=")[1].split(";")[0])
+    holder = start_hold(far, err, "--ttl", "3", "job")
     partitionable.freeze()
     try:
         cut = time.monotonic()
