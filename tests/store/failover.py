@@ -70,12 +70,15 @@ wal_retrieve_retry_interval = 200ms
 fsync = off
 full_page_writes = off
 autovacuum = off
+dynamic_shared_memory_type = mmap
 log_min_messages = warning
 log_line_prefix = '%m [%p] '
 """
 """Appended to each server's postgresql.conf. ``fsync = off``: a server here dies by
 SIGKILL, never with the machine, so what it wrote is in the kernel's cache anyway,
-and whether a commit reaches the standby depends on replication alone."""
+and whether a commit reaches the standby depends on replication alone. Dynamic
+shared memory in the data directory (``mmap``): a killed server cannot remove its
+segments, and POSIX ones would stay in /dev/shm after the directory is gone."""
 
 
 def missing() -> str | None:
