@@ -238,3 +238,33 @@ def test_a_permits_change_applied_again_after_a_later_one_changes_nothing(store:
     store.set_permits("x", read=2, write=1, force=True)
     assert not _late(backend, sent[0]).succeeded
     assert store.permits("x") == (2, 1)
+
+
+def test_a_fence_write_whose_answer_was_lost_is_reported_unknown_not_refused(
+    store: Store, connect: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write is applied, its answer lost (a partition), and a newer holder writes
+    before the resent copy arrives: that copy fails its compare, which is no refusal (the
+    first copy was applied), so the outcome is unknown (`StoreError`), not `LockLost`."""
+    from etcd3gw import exceptions  # noqa: PLC0415
+
+    from lockwarden.store import etcdkv  # noqa: PLC0415
+
+    fence, newer = store.fence("r"), connect().fence("r")
+    fence.write(1, "one")
+    real = etcdkv._Member.post
+    lost: list[str] = []
+
+    def post(member: etcdkv._Member, url: str, **kwargs: object) -> object:
+        answer = real(member, url, **kwargs)
+        if url.endswith("/kv/txn") and not lost and "request_put" in str(kwargs.get("json")):
+            lost.append(url)
+            newer.read(3)  # a newer holder comes by before the copy is sent again
+            raise exceptions.ConnectionTimeoutError("the answer was lost")
+        return answer
+
+    monkeypatch.setattr(etcdkv._Member, "post", post)
+    with pytest.raises(StoreError, match="outcome of a fence access is unknown"):
+        fence.write(2, "two")
+    monkeypatch.undo()
+    assert lost and fence.state() == (3, "two")  # the first copy was applied

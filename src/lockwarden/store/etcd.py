@@ -926,28 +926,47 @@ class EtcdBackend(Backend):
         return [dict(kv.value) for kv in found]
 
     def _fence_advance(self, p: Params) -> list[Row]:
-        """`queries.FENCE_ADVANCE` as a compare-and-swap on the fence's key."""
+        """`queries.FENCE_ADVANCE` as a compare-and-swap on the fence's key.
+
+        A compare-and-swap whose answer was lost (a partition, a member killed)
+        is sent again, and may have been applied meanwhile: the key then moved
+        on, by this very write or by newer holders after it. A refusal found
+        after that is no refusal anyone can trust, so the outcome is reported
+        unknown (`StoreError`), as it is on the other backends when a call's
+        answer is lost."""
         key = f"{self._p}f/{_q(str(p['resource']))}"
         token = int(p["token"])  # type: ignore[call-overload]
+        resent = False
         while True:
             held: list[Op] = []
             if p.get("request") is not None:  # the access carries its lock: still held?
                 found_held = self._held(str(p["session"]), str(p["request"]), token)
                 if found_held is None:
-                    return []
+                    return self._refused(resent)
                 held = found_held
             found = self._kv.read([get(key)]).kvs(0)
             old = found[0].value if found else {"token": 0, "written": 0, "value": None}
             if (old["token"] if p["write"] else old["written"]) > token:
-                return []
+                return self._refused(resent)
             new = {
                 "token": max(old["token"], token),
                 "written": token if p["write"] else old["written"],
                 "value": p["value"] if p["write"] else old["value"],
             }
             guard = unchanged_since(key, found[0].mod) if found else absent(key)
-            if self._kv.txn([put(key, new)], [guard, *held]).succeeded:
+            done = self._kv.txn([put(key, new)], [guard, *held])
+            if done.succeeded:
                 return [new]
+            resent = resent or done.resent
+
+    def _refused(self, resent: bool) -> list[Row]:
+        """A fence's refusal, unless an earlier sending of the access may have been applied."""
+        if resent:
+            raise StoreError(
+                f"lock store {self.url.display}: the outcome of a fence access is unknown: "
+                "its answer was lost and an earlier sending may have been applied"
+            )
+        return []
 
     def _held(self, session: str, request: str, token: int) -> list[Op] | None:
         """Guards that ``session``'s lock of ``request`` with ``token`` is still held (its
