@@ -161,3 +161,26 @@ def test_a_paused_member_costs_time_not_correctness(cluster: EtcdCluster, store:
         finally:
             cluster.resume(paused)
         second.release()
+
+
+@pytest.mark.parametrize("which", ["leader", "follower"])
+def test_a_short_lease_outlives_a_paused_member(
+    cluster: EtcdCluster, store: Store, which: str
+) -> None:
+    """A heartbeat's bound is short (half its interval: 0.33 s with a 2 s TTL), shorter
+    than a member's request timeout: it must not spend it all on the one member that is
+    paused, or every session whose calls went there is lost."""
+    leader = cluster.leader()
+    paused = leader if which == "leader" else (leader + 1) % cluster.size
+    with store.session(app_id="short", ttl=2.0) as session:
+        held = session.lock("p")
+        # Its calls go to the paused member first: the one that answered last.
+        store._backend._kv._first = paused
+        cluster.pause(paused)
+        try:
+            time.sleep(4.0)  # two TTLs: every heartbeat meets the paused member first
+            assert not session.lost
+            held.check()
+        finally:
+            cluster.resume(paused)
+        held.release()

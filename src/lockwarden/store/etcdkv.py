@@ -6,11 +6,12 @@ and nothing of locks:
 
 - `Cluster.post` sends one request to one member and moves on to the next
   member when that one fails, so one dead or paused member costs one
-  timeout, not the call. Every request has a deadline (`CALL_TIMEOUT`, or less
-  if less is left of the call) and every call a budget, the store's call
-  timeout (`bounds`): a cluster that has lost its quorum answers nothing (or
-  "no leader"), and a partition nothing at all; the caller then gets a
-  `StoreError` within the budget instead of hanging.
+  timeout, not the call, and the next call starts at the next member. Every
+  request has a deadline (`CALL_TIMEOUT`, or half of what is left of the call
+  if that is less, so that another member is asked in time) and every call a
+  budget, the store's call timeout (`bounds`): a cluster that has lost its
+  quorum answers nothing (or "no leader"), and a partition nothing at all;
+  the caller then gets a `StoreError` within the budget instead of hanging.
 - `Watch` is one stream of change events under the store's prefix, kept open
   by a thread; a broken stream is resumed from the revision after the last
   one seen, so no event is lost across a reconnect (unless etcd compacted
@@ -249,14 +250,18 @@ class Cluster:
             index = (start + tried) % len(self._members)
             member = self._members[index]
             self.stats.add("statements")
-            _Member.request_timeout.value = max(
-                0.01, min(CALL_TIMEOUT, deadline - time.monotonic())
-            )
+            # A member that does not answer gets half of what is left, where there is
+            # another to ask: a heartbeat's short bound must not all go to a member that
+            # is paused or cut off from the others.
+            left = deadline - time.monotonic()
+            share = left / 2 if len(self._members) > 1 else left
+            _Member.request_timeout.value = max(0.01, min(CALL_TIMEOUT, share))
             try:
                 answer = member.post(member.get_url(path), json=body)
             except _RETRYABLE as exc:
                 cause = exc
                 resent = resent or _maybe_applied(exc)
+                self._first = (index + 1) % len(self._members)  # the next call starts there
             except exceptions.Etcd3Exception as exc:
                 raise StoreError(
                     f"lock store {self.url.display}: etcd refused {path}{_said(exc)}"
@@ -272,8 +277,8 @@ class Cluster:
                     f"and reachable?){_said(cause)}"
                 ) from cause
             self.stats.add("retries")
-            if tried % len(self._members) == 0:
-                time.sleep(0.1)  # every member failed once: give an election a moment
+            if tried % len(self._members) == 0:  # every member failed: give an election a moment
+                time.sleep(max(0.0, min(0.1, deadline - time.monotonic())))
 
     def txn(
         self,
