@@ -790,10 +790,13 @@ class Session:
         if self._lost is not None or deleted < len(names):
             raise self._lost_error(stamp, " before it was released")
 
-    def _abandon(self, request_id: str, names: Sequence[str]) -> None:
+    def _abandon(self, request_id: str, names: Sequence[str], later: bool = False) -> None:
         """Remove what a request that stops waiting left behind (possibly a grant
         committed just before its connection dropped); retried in the background if
-        the database cannot be reached now."""
+        the database cannot be reached now, or (``later``) only in the background."""
+        if later:
+            self._retry_release(request_id, names)
+            return
         try:
             self._backend.release(self.id, request_id, names)
         except BaseException:

@@ -36,6 +36,7 @@ from lockwarden.errors import (
     HolderUnresponsive,
     LockLost,
     LockTimeout,
+    StoreError,
 )
 from lockwarden.modes import Mode
 from lockwarden.store import process, queries
@@ -162,9 +163,10 @@ class Want(NamedTuple):
     lock_delay: float
     lost: Callable[[], LockLost]
     """Marks the session lost (the database says it is not live); returns the error to raise."""
-    abandon: Callable[[str, Sequence[str]], object]
+    abandon: Callable[[str, Sequence[str], bool], object]
     """Removes what a request id left (waiter rows, a grant it never learned of); a failure
-    is retried in the background (`Session._retry_release`)."""
+    is retried in the background (`Session._retry_release`); with ``later`` true, only in
+    the background."""
 
 
 def acquire(backend: Backend, want: Want) -> Grant:
@@ -439,9 +441,14 @@ def _mortal(row: Row) -> bool:
 def give_back(want: Want, exc: BaseException) -> None:
     """Remove what a request that gives up with ``exc`` left: queue entries, or a grant
     made meanwhile (`Want.abandon`, which retries in the background if the database
-    cannot be reached). ``exc`` is what the caller gets, with a note if this failed."""
+    cannot be reached). ``exc`` is what the caller gets, with a note if this failed.
+
+    A request that gave up because the database did not answer (`StoreError`) leaves
+    its clean-up to the background at once: its caller has waited its call timeout
+    already, and one more call now would most likely wait as long again."""
+    later = isinstance(exc, StoreError)
     try:
-        want.abandon(want.request_id, [name for name, _ in want.items])
+        want.abandon(want.request_id, [name for name, _ in want.items], later)
     except Exception as cleanup:  # the original error matters more
         exc.add_note(f"removing the abandoned request also failed: {cleanup}")
 
