@@ -29,9 +29,9 @@ TTL: 6 s. A session survives a failover if a heartbeat is confirmed by the new
 primary within 0.9 TTL of the last confirmed one's sending; heartbeats come every
 TTL/3 and, failing, about every TTL/6 — so the outage (promotion and reconnecting)
 must stay under about half the TTL. Promotion here takes 0.02 to 0.2 s. Every URL
-sets ``connect_timeout=2``: libpq waits that long for each host in turn, and a
-primary that is cut off (not refusing) would otherwise take the whole call timeout
-of every new connection (the last test).
+sets ``connect_timeout=2`` (libpq's least): libpq waits that long for each host in
+turn, and a primary that is cut off (not refusing) takes that from every new
+connection; without it, each host gets its share of the call's time (the last test).
 """
 
 from __future__ import annotations
@@ -673,15 +673,15 @@ def test_relaxed_sessions_notice_a_crash_recovered_without_a_new_postmaster(
 # -- the URL ---------------------------------------------------------------------------
 
 
-def test_a_silent_old_primary_first_in_the_url_costs_each_new_connection_its_connect_timeout(
+def test_a_silent_old_primary_first_in_the_url_leaves_the_new_one_its_share(
     pg_pair: Callable[..., Pair],
 ) -> None:
     """libpq tries the hosts of a URL in turn and waits ``connect_timeout`` for each; a
-    primary cut off by a partition neither answers nor refuses. The store gives each
-    connection the call's time left as its ``connect_timeout`` unless the URL's is
-    shorter: without ``connect_timeout`` in the URL, opening a store after the failover
-    spends the whole call timeout on the old primary; with ``connect_timeout=2`` (libpq's
-    least), 2 s."""
+    primary cut off by a partition neither answers nor refuses. Without a
+    ``connect_timeout`` in the URL the store gives each host its share of the call's
+    time (4 s over two hosts: 2 s each), so after the failover a store still opens on
+    the new primary within the call timeout (it used to spend the whole call timeout on
+    the old primary and fail); the URL's own ``connect_timeout=2`` costs the same."""
     pair = pg_pair(sync=False)
     plain = pair.url(SCHEMA, through_proxy=True)
     lockwarden.connect(plain, call_timeout=4.0).close()
@@ -693,5 +693,5 @@ def test_a_silent_old_primary_first_in_the_url_costs_each_new_connection_its_con
         store = lockwarden.connect(url, call_timeout=4.0)
         spent[label] = time.monotonic() - began
         store.close()
-    assert spent["plain"] >= 3.9, spent  # the old primary's 4 s, then the new one
-    assert 1.9 <= spent["connect_timeout=2"] < spent["plain"] - 1.0, spent
+    assert 1.9 <= spent["plain"] < 4.0, spent  # the old primary's share, then the new one
+    assert 1.9 <= spent["connect_timeout=2"] < 4.0, spent

@@ -132,7 +132,13 @@ class Connections:
         from psycopg.rows import dict_row  # noqa: PLC0415  (an optional dependency)
         from psycopg_pool import ConnectionPool  # noqa: PLC0415
 
-        given = conninfo_to_dict(url.target).get("connect_timeout")
+        params = conninfo_to_dict(url.target)
+        self._hosts = max(
+            1, len(str(params.get("host") or params.get("hostaddr") or "").split(","))
+        )
+        """How many hosts libpq may try in turn (a multi-host URL), each with its own
+        ``connect_timeout``."""
+        given = params.get("connect_timeout")
         given = given if given is not None else os.environ.get("PGCONNECT_TIMEOUT", "0")
         try:
             seconds = float(given)
@@ -204,8 +210,11 @@ class Connections:
 
     def _timeout_of(self, left: float) -> int:
         """libpq's ``connect_timeout`` for a connection that must be made within ``left``
-        seconds: the URL's if shorter, and never under libpq's least."""
-        return max(LEAST_CONNECT_TIMEOUT, math.ceil(min(self._connect_timeout, left)))
+        seconds: the URL's if shorter, and never under libpq's least. libpq gives it to
+        each host it tries in turn: a silent host first in a multi-host URL (an old
+        primary cut off) must leave the others their share."""
+        share = left / self._hosts
+        return max(LEAST_CONNECT_TIMEOUT, math.ceil(min(self._connect_timeout, share)))
 
     def connect(self, *, retry: bool = True) -> Connection:
         """A connection of its own (not pooled), made within the call timeout, retried like
@@ -266,7 +275,10 @@ class Connections:
                 with self._pool.connection(max(0.0, end - time.monotonic())) as conn:
                     return self._bounded(work, conn, end)
             except PoolTimeout as exc:  # the pool has been reconnecting all this time
-                why = self._last_error or f"all {POOL_SIZE} connections of this store were busy"
+                why = self._last_error or (
+                    f"the {POOL_SIZE} connections of this store were busy, or still being "
+                    "made (is the database reachable?)"
+                )
                 raise StoreError(
                     f"lock store {self.url.display}: no connection within "
                     f"{time.monotonic() - start:.1f} s: {why}"

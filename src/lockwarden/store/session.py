@@ -1117,8 +1117,8 @@ class Session:
             raise self._lose("the database says the session expired (its heartbeat was late)")
         if self._backend.relaxed and rows[0]["started"] != self._started:
             raise self._lose(
-                "the database restarted, and with relaxed durability it may have "
-                "forgotten grants and releases made just before"
+                "the database restarted or failed over, and with relaxed durability it "
+                "may have forgotten grants and releases made just before"
             )
         with self._lock:
             if self._lost is None and lease.now() < self._deadline:
