@@ -1114,7 +1114,10 @@ class Session:
         with bounds.within(min(self._interval / 2, self._deadline - sent)):
             rows = self._backend.query(queries.HEARTBEAT, {"session": self.id}, write=True)
         if not rows:
-            raise self._lose("the database says the session expired (its heartbeat was late)")
+            raise self._lose(
+                "the database no longer has the session as live (a heartbeat came too late, "
+                "or the session was expired, or the server that has it now never saw it)"
+            )
         if self._backend.relaxed and rows[0]["started"] != self._started:
             raise self._lose(
                 "the database restarted or failed over, and with relaxed durability it "
