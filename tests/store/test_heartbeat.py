@@ -42,8 +42,11 @@ def test_one_statement_per_interval_for_one_lock_or_ten_thousand(
 ) -> None:
     store = connect()
     ttl, window = _timing(store)
+    # On etcd a beat is a lease renewal and the linearizable read that confirms it
+    # (etcdkv.Cluster.keep_alive): two requests, however many locks.
+    per_beat = 2 if store.url.startswith("etcd:") else 1
     beats = window / (ttl / 3)
     one = _statements_while_idle(store, 1)
     many = _statements_while_idle(connect(), 10_000)
-    assert beats - 1 <= one <= beats + 1
-    assert beats - 1 <= many <= beats + 1
+    assert (beats - 1) * per_beat <= one <= (beats + 1) * per_beat
+    assert (beats - 1) * per_beat <= many <= (beats + 1) * per_beat

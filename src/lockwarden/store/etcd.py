@@ -690,8 +690,9 @@ class EtcdBackend(Backend):
         return [{"started": 0}]
 
     def _heartbeat(self, p: Params) -> list[Row]:
-        lease = self._leases.get(str(p["session"]))
-        if lease is None or not self._kv.keep_alive(lease):
+        session = str(p["session"])
+        lease = self._leases.get(session)
+        if lease is None or not self._kv.keep_alive(lease, self._session_key(session)):
             return []
         return [{"started": 0}]
 

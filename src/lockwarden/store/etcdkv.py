@@ -171,6 +171,8 @@ class Txn:
     responses: tuple[Mapping[str, Any], ...]
     resent: bool
     """An earlier send of this call may have been applied (its answer was lost)."""
+    term: int = 0
+    """The raft term of the member that answered."""
 
     def kvs(self, i: int) -> list[KV]:
         """The keys read by the ``i``-th operation (a range)."""
@@ -295,6 +297,7 @@ class Cluster:
             revision=int(found["header"]["revision"]),
             responses=tuple(found.get("responses", ())),
             resent=resent,
+            term=int(found["header"].get("raft_term", 0)),
         )
 
     def read(self, ops: Iterable[Op]) -> Txn:
@@ -305,10 +308,35 @@ class Cluster:
         found, _ = self.post("/lease/grant", {"TTL": ttl, "ID": 0})
         return int(found["ID"])
 
-    def keep_alive(self, lease: int) -> bool:
-        """Renew a lease; False if the cluster has already expired (or revoked) it."""
+    def keep_alive(self, lease: int, key: str) -> bool:
+        """Renew a lease, confirmed by a leader a quorum follows; False if the cluster has
+        already expired (or revoked) it, or ``key``, attached to it, is gone.
+
+        etcd renews a lease in its leader's memory without asking a quorum. A leader
+        that is cut off, or paused and resumed before it learns of the term the
+        others have moved on to, renews a lease and says so while the real leader,
+        which never heard of it, lets it expire: a holder would act on a renewal
+        that never counted (seen in the fault harness, a leader paused for 3 s). So
+        a renewal counts only if a linearizable read (which needs a quorum behind a
+        leader of its term) then finds ``key`` in the same raft term; otherwise the
+        renewal is tried again (`StoreError`), and the lease ends on the holder's own
+        clock if none is confirmed in time (`lease`).
+        """
         found, _ = self.post("/lease/keepalive", {"ID": str(lease)})
-        return int(found.get("result", {}).get("TTL", 0)) > 0
+        result = found.get("result", {})
+        if int(result.get("TTL", 0)) <= 0:
+            return False
+        renewed_in = int(result.get("header", {}).get("raft_term", 0))
+        seen = self.read([get(key)])
+        if not seen.kvs(0):
+            return False
+        if seen.term != renewed_in:
+            raise StoreError(
+                f"lock store {self.url.display}: a lease renewal was answered in raft term "
+                f"{renewed_in}, by a member that may no longer have been the leader (the "
+                f"cluster is at term {seen.term}): it does not count"
+            )
+        return True
 
     def revoke(self, lease: int) -> None:
         """End a lease, deleting every key attached to it (an unknown lease is no error)."""
