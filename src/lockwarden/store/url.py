@@ -333,10 +333,11 @@ def _postgres(url: str, *, keyword_form: bool) -> StoreURL:
         params = {key: str(value) for key, value in conninfo_to_dict(rest).items()}
     except psycopg.Error:  # libpq's message quotes the string, password and all: never shown
         if not keyword_form and (unknown := _unknown_to_libpq(psycopg, rest)):
+            common = [k for k in _COMMON_LIBPQ if k in _libpq_keywords(psycopg)]
             raise LockUsageError(
                 f"the PostgreSQL URL has an unknown parameter {unknown!r} (its value not "
-                "shown): the known ones are schema (lockwarden's) and libpq's: "
-                + ", ".join(_libpq_keywords(psycopg))
+                "shown): the known ones are schema (lockwarden's) and libpq's connection "
+                f"parameters ({', '.join(common)}, and the others libpq documents)"
             ) from None
         raise LockUsageError(
             "libpq cannot parse the PostgreSQL connection string (not shown: it may hold a "
@@ -372,6 +373,22 @@ def _named(rest: str) -> str:
     if not names:
         return ""
     return f": {', '.join(map(repr, names))} {'is' if len(names) == 1 else 'are'} unknown"
+
+
+_COMMON_LIBPQ: Final = (
+    "host",
+    "port",
+    "dbname",
+    "user",
+    "sslmode",
+    "sslrootcert",
+    "connect_timeout",
+    "application_name",
+    "target_session_attrs",
+    "options",
+)
+"""The libpq parameters an unknown parameter's message names, of the fifty or so libpq
+knows (some of which have "secret" in their names: a reader would look for a leak)."""
 
 
 def _libpq_keywords(psycopg: Any) -> list[str]:
