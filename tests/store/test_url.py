@@ -201,7 +201,7 @@ def test_refused(url: object, message: str) -> None:
     [
         ("mysql://u@h/db?foo=s3cr3t", "unix_socket, charset, connect_timeout, ssl, ssl_ca"),
         ("mariadb://u:pw@h/db?ssl=1&foo=s3cr3t", "ssl_cert, ssl_key"),
-        ("postgresql://u@h/db?foo=s3cr3t", "schema (lockwarden's) and libpq's: "),
+        ("postgresql://u@h/db?foo=s3cr3t", "schema (lockwarden's) and libpq's connection"),
         ("postgres://u@h/db?schema=x&sslmode=require&f%6Fo=s3cr3t", "sslmode, "),
         ("postgresql://u:pa%3Fhidden@h/db?foo=s3cr3t", "host, "),
         ("postgresql://u:pa?hidden@h/db?foo=s3cr3t", "port, "),  # a raw "?" in the password
