@@ -506,6 +506,9 @@ class Session:
         self._on_lost = on_lost
         self._lock = threading.Lock()
         self._held: dict[str, Stamp] = {}
+        self._holding: dict[str, list[Stamp]] = {}
+        """The stamps of `_held` by each name they hold (`_refuse_reentry` looks a name up
+        there, not through every stamp: a session may hold a hundred thousand locks)."""
         self._closed = False
         self._lost: LockLost | None = None
         self._lost_reported = False
@@ -642,15 +645,15 @@ class Session:
         session may still wait for a name this one holds, as it would for
         anyone's.
         """
-        wanted = {name for name, _ in items}
         caller = _caller()
         with self._lock:
             mine = [
                 g
-                for stamp in self._held.values()
+                for name, _ in items
+                for stamp in self._holding.get(name, ())
                 if stamp._owner == caller and not stamp._gone
                 for g in stamp.locks
-                if g.name in wanted
+                if g.name == name
             ]
         if mine:
             g = mine[0]
@@ -681,11 +684,23 @@ class Session:
             self._give_back(want, exc)
             raise
 
+    def _unhold(self, request_id: str) -> None:
+        """Take a stamp out of `_held` and `_holding` (the session's lock held)."""
+        stamp = self._held.pop(request_id, None)
+        if stamp is None:
+            return
+        for g in stamp.locks:
+            holding = self._holding.get(g.name, [])
+            if stamp in holding:
+                holding.remove(stamp)
+            if not holding:
+                self._holding.pop(g.name, None)
+
     def _give_back(self, want: Want, exc: BaseException) -> None:
         """Forget a request that may have been granted but never reached its caller, and
         give it back (``exc`` is what the caller gets)."""
         with self._lock:
-            self._held.pop(want.request_id, None)
+            self._unhold(want.request_id)
         give_back(want, exc)
 
     def _run(self, want: Want) -> Grant:
@@ -728,6 +743,8 @@ class Session:
         stamp._owner = _caller()
         with self._lock:
             self._held[request_id] = stamp
+            for g in stamp.locks:
+                self._holding.setdefault(g.name, []).append(stamp)
         # Lost while the grant was on its way (a waiter paused past its lease gets its
         # grant as it resumes, before the lease timer has run): it is worth nothing.
         if self._expire_lease():
@@ -766,7 +783,7 @@ class Session:
                     raise NotHeld(
                         f"{stamp!r} is not held: it was never granted or is already released"
                     )
-                del self._held[stamp.id]
+                self._unhold(stamp.id)
                 taken = True
             # A lost session's rows count for nothing (the loss expired them, `close` or
             # `clean` deletes them): no call that a partition could hold up.
@@ -951,6 +968,7 @@ class Session:
                 return
             self._closed = True
             self._held.clear()
+            self._holding.clear()
             self._releasing.clear()  # the session's rows all go below
         self._store._forget(self)
         if self._lost is not None:  # on_lost fires even if its reporter had no time to
