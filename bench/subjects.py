@@ -52,14 +52,14 @@ class Env:
         return f"lw_bench_{self.run}"
 
     def mysql_connect(self, *, database: bool = True) -> Any:
-        """An autocommit mysqlclient connection (to the run's database, made on first use)."""
-        import MySQLdb  # noqa: PLC0415  (a test and mysql extra)
+        """An autocommit PyMySQL connection (to the run's database, made on first use)."""
+        import pymysql  # noqa: PLC0415  (a test and mysql extra)
 
         from lockwarden.store.url import mysql_options  # noqa: PLC0415
 
         options = mysql_options(f"{self.mysql_url}/{self.database}")
         del options["database"]
-        conn = MySQLdb.connect(**options, autocommit=True)
+        conn = pymysql.connect(**options, autocommit=True)
         if database:
             conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS {self.database}")
             conn.select_db(self.database)
@@ -611,9 +611,9 @@ class PythonRedisLock(Redis):
 class LockwardenMySQL(Lockwarden):
     key = "lockwarden-mysql"
     backend = MYSQL
-    needs = ("MySQLdb",)
+    needs = ("pymysql",)
     config = (
-        "`lockwarden.connect(mysql://…/<run database>)` (mysqlclient), durable "
+        "`lockwarden.connect(mysql://…/<run database>)` (PyMySQL), durable "
         "(`innodb_flush_log_at_trx_commit=1`); one session, `s.lock(name, timeout=60)`, "
         "`held.release()`"
     )
@@ -632,9 +632,9 @@ class MySQLFloor(Subject):
     backend = MYSQL
     is_lock = False
     is_floor = True
-    needs = ("MySQLdb",)
+    needs = ("pymysql",)
     config = (
-        "mysqlclient, one autocommit connection: `INSERT` a row (name, token) then "
+        "PyMySQL, one autocommit connection: `INSERT` a row (name, token) then "
         "`DELETE` it, each its own durable InnoDB transaction (one round trip, one log flush)"
     )
 
@@ -664,9 +664,9 @@ class MySQLGetLock(Subject):
     label = "GET_LOCK pair"
     backend = MYSQL
     is_floor = True
-    needs = ("MySQLdb",)
+    needs = ("pymysql",)
     config = (
-        "mysqlclient, one connection: `SELECT GET_LOCK(name, 3600)` / `RELEASE_LOCK(name)` "
+        "PyMySQL, one connection: `SELECT GET_LOCK(name, 3600)` / `RELEASE_LOCK(name)` "
         "(a named lock of the connection: nothing written, no lease, no token)"
     )
 

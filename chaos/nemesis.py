@@ -317,11 +317,11 @@ class Nemesis(threading.Thread):
         MySQL connections carry no application name, so a victim is any
         connection to the run's database: a worker's pool, doorbell or heartbeat.
         """
-        import MySQLdb  # noqa: PLC0415  (only MySQL runs need the driver)
+        import pymysql  # noqa: PLC0415  (only MySQL runs need the driver)
 
         options = mysql_options(self.config.url)
         everyone = self.rng.random() < 0.3
-        with MySQLdb.connect(**options, autocommit=True) as conn, conn.cursor() as cur:
+        with pymysql.connect(**options, autocommit=True) as conn, conn.cursor() as cur:
             cur.execute(
                 "SELECT ID FROM information_schema.PROCESSLIST"
                 " WHERE DB = %s AND ID <> CONNECTION_ID() ORDER BY ID",
@@ -330,7 +330,7 @@ class Nemesis(threading.Thread):
             ids = [row[0] for row in cur.fetchall()]
             victims = ids if everyone or not ids else [self.rng.choice(ids)]
             for conn_id in victims:
-                with contextlib.suppress(MySQLdb.OperationalError):  # gone meanwhile
+                with contextlib.suppress(pymysql.OperationalError):  # gone meanwhile
                     cur.execute(f"KILL {int(conn_id)}")
         self.history.write("fault", fault="kill-connections", connections=len(victims))
 

@@ -151,11 +151,11 @@ def store_url(
 
 def _mysql_server(url: str) -> Any:
     """A connection to the MySQL server of a store URL, with no database chosen."""
-    import MySQLdb  # noqa: PLC0415  (only MySQL runs need the driver)
+    import pymysql  # noqa: PLC0415  (only MySQL runs need the driver)
 
     options = mysql_options(url)
     del options["database"]
-    return MySQLdb.connect(**options, autocommit=True)
+    return pymysql.connect(**options, autocommit=True)
 
 
 def run(

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import MySQLdb
 import psycopg
+import pymysql
 import pytest
 from etcd3gw.client import Etcd3Client
 
@@ -74,7 +74,7 @@ def sqlite_url(tmp_path: Path) -> str:
 
 def mysql_admin() -> Any:
     """A connection to the test MariaDB server as its administrator (no database chosen)."""
-    return MySQLdb.connect(**mysql_options(MYSQL + "/mysql"), autocommit=True)
+    return pymysql.connect(**mysql_options(MYSQL + "/mysql"), autocommit=True)
 
 
 @pytest.fixture

@@ -519,9 +519,9 @@ class MariaServer:
                 time.sleep(0.05)
 
     def connect(self) -> Any:
-        import MySQLdb  # noqa: PLC0415  (only where MariaDB is tested)
+        import pymysql  # noqa: PLC0415  (only where MariaDB is tested)
 
-        return MySQLdb.connect(
+        return pymysql.connect(
             host="127.0.0.1", port=self.port, user="root", connect_timeout=5, autocommit=True
         )
 

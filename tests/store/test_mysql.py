@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import MySQLdb
+import pymysql
 import pytest
 
 import lockwarden
@@ -59,7 +59,7 @@ def test_the_shared_text_is_rewritten_where_mariadb_differs() -> None:
 
 
 def _token_counter(mysql_url: str) -> int:
-    with MySQLdb.connect(**mysql_options(mysql_url)) as conn, conn.cursor() as cur:
+    with pymysql.connect(**mysql_options(mysql_url)) as conn, conn.cursor() as cur:
         cur.execute("SELECT value FROM lw_meta WHERE `key` = 'token'")
         value: int = cur.fetchone()[0]
         return value
@@ -283,7 +283,7 @@ def test_a_grant_never_waits_for_the_bucket_of_a_multi_locks_other_name(
                 w.id, secrets.token_hex(16), names, ("X", "X"), True, False, None
             )
             assert store._backend.acquire(queued).status == "blocked"
-            other = MySQLdb.connect(**mysql_options(mysql_url))
+            other = pymysql.connect(**mysql_options(mysql_url))
             try:
                 with other.cursor() as cur:  # another transaction holds the second bucket
                     cur.execute("START TRANSACTION")
@@ -447,7 +447,7 @@ def private_server(tmp_path: Path) -> Iterator[_PrivateServer]:
     server = _PrivateServer(tmp_path)
     server.start()
 
-    admin: Any = MySQLdb.connect(host="127.0.0.1", port=server.port, user="root")
+    admin: Any = pymysql.connect(host="127.0.0.1", port=server.port, user="root")
     admin.cursor().execute("CREATE DATABASE locks")
     admin.close()
     yield server
@@ -498,7 +498,7 @@ def test_a_release_grants_nothing_to_a_session_closing_meanwhile(mysql_url: str)
             held = h.lock("race")
             for queued in (w, nxt):
                 enqueue(queued, {"race": "X"})
-            close = MySQLdb.connect(**mysql_options(mysql_url))
+            close = pymysql.connect(**mysql_options(mysql_url))
             try:
                 cur = close.cursor()
                 cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
@@ -523,7 +523,7 @@ def test_a_release_grants_nothing_to_a_session_closing_meanwhile(mysql_url: str)
             releasing.result()
             holders = [(e.holder.session_id, e.token > held.token) for e in store.locks("race")]
             assert holders == [(nxt.id, True)]
-            with MySQLdb.connect(**mysql_options(mysql_url)) as conn, conn.cursor() as raw:
+            with pymysql.connect(**mysql_options(mysql_url)) as conn, conn.cursor() as raw:
                 raw.execute("SELECT session_id FROM lw_holders WHERE name = 'race'")
                 assert [row[0] for row in raw.fetchall()] == [nxt.id]
     finally:
@@ -561,7 +561,7 @@ def test_ctrl_c_during_a_statement_is_a_keyboard_interrupt(mysql_url: str) -> No
         "    print('interrupted', len(store.locks('stuck')), flush=True)\n"
         "    os._exit(0)\n"
     )
-    with MySQLdb.connect(**mysql_options(mysql_url)) as blocker, blocker.cursor() as cur:
+    with pymysql.connect(**mysql_options(mysql_url)) as blocker, blocker.cursor() as cur:
         cur.execute(f"SELECT id FROM lw_buckets WHERE id = {bucket('stuck')} FOR UPDATE")
         child = subprocess.Popen(
             [sys.executable, "-c", code, mysql_url], stdout=subprocess.PIPE, text=True
@@ -661,7 +661,7 @@ def test_a_waiter_whose_doorbell_cannot_hang_yet_times_out_on_time(mysql_url: st
         with (
             holder_store.session(app_id="holder") as holder,
             waiter_store.session(app_id="waiter") as waiter,
-            MySQLdb.connect(**mysql_options(mysql_url)) as other,
+            pymysql.connect(**mysql_options(mysql_url)) as other,
             other.cursor() as cur,
         ):
             holder.lock("busy")

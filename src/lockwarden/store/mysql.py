@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-import math
 import os
 import queue
 import re
@@ -327,12 +326,13 @@ _FENCE_SET: Final = (
 
 def _import_driver() -> Any:
     try:
-        driver = importlib.import_module("MySQLdb")  # an optional dependency
-        importlib.import_module("MySQLdb.cursors")
-        importlib.import_module("MySQLdb.constants.CLIENT")
+        driver = importlib.import_module("pymysql")  # an optional dependency
+        importlib.import_module("pymysql.cursors")
+        importlib.import_module("pymysql.constants.CLIENT")
+        importlib.import_module("pymysql.constants.COMMAND")
     except ImportError as exc:
         raise StoreError(
-            "MySQL stores need the mysqlclient driver: pip install 'lockwarden[mysql]'"
+            "MySQL stores need the PyMySQL driver: pip install 'lockwarden[mysql]'"
         ) from exc
     return driver
 
@@ -390,20 +390,23 @@ class MySQLBackend(SQLBackend):
         self._migrate((), _STEPS, opening)
 
     def _connect(self) -> Connection:
-        """A new connection, made within the time the call has left (`bounds`)."""
+        """A new connection, made within the time the call has left (`bounds`) and the
+        URL's ``connect_timeout``, its handshake and set-up included.
+
+        The driver's own ``connect_timeout`` bounds only the TCP connect: a server
+        that accepts and then says nothing (a frozen process, a half-open
+        partition) would hold the handshake forever. So the socket is made here
+        and the whole handshake is watched by the cutter, like any statement.
+        """
         CLIENT = self._driver.constants.CLIENT  # noqa: N806  (the driver's name)
         options = dict(self._options)
-        left = bounds.deadline(self.url.call_timeout) - time.monotonic()
-        given = options["connect_timeout"]
+        given = options.pop("connect_timeout")
         assert isinstance(given, int)  # `mysql_options` checked it
-        options["connect_timeout"] = max(1, math.ceil(min(given, left)))
-        ssl = {k[4:]: options.pop(k) for k in ("ssl_ca", "ssl_cert", "ssl_key") if k in options}
-        if options.pop("ssl", False) or ssl:
-            options["ssl_mode"] = "REQUIRED"
-        if ssl:
-            options["ssl"] = ssl
+        end = min(bounds.deadline(self.url.call_timeout), time.monotonic() + given)
+        options.update(_tls(options))
         conn: Connection = self._driver.connect(
             **options,
+            defer_connect=True,
             charset="utf8mb4",
             autocommit=True,
             cursorclass=_cursor_class(self._driver),
@@ -412,12 +415,21 @@ class MySQLBackend(SQLBackend):
             client_flag=CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS,
             init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
         )
-        with conn.cursor() as cur:
-            # The database clock in UTC; strict: refuse rather than truncate.
-            cur.execute(
-                "SET time_zone = '+00:00', sql_mode = 'STRICT_ALL_TABLES',"
-                f" idle_transaction_timeout = {IDLE_IN_TRANSACTION}"
-            )
+        try:
+            sock = _dial(options, end - time.monotonic())
+        except OSError as exc:
+            # The driver's words for it (the URL is in the message `_run` makes).
+            raise self._driver.OperationalError(
+                2003, f"Can't connect to MySQL server ({exc})"
+            ) from exc
+        with bounds.CUTTER.watch(sock.fileno(), end):
+            conn.connect(sock)  # closes the socket if it fails
+            with conn.cursor() as cur:
+                # The database clock in UTC; strict: refuse rather than truncate.
+                cur.execute(
+                    "SET time_zone = '+00:00', sql_mode = 'STRICT_ALL_TABLES',"
+                    f" idle_transaction_timeout = {IDLE_IN_TRANSACTION}"
+                )
         return conn
 
     def _has_store(self) -> bool:
@@ -439,7 +451,7 @@ class MySQLBackend(SQLBackend):
         def bounded(conn: Connection) -> T:
             if end <= time.monotonic():
                 raise _Overran
-            with bounds.CUTTER.watch(conn.fileno(), end) as watched:
+            with bounds.CUTTER.watch(_socket(conn).fileno(), end) as watched:
                 try:
                     return work(conn)
                 except self._driver.Error:
@@ -833,9 +845,10 @@ class MySQLBackend(SQLBackend):
         params = {"me": self._tag, "seen": -1 if seen is None else seen, "nap": _NAP}
         with conn.cursor() as cur:
             text: str = cur.mogrify(DIALECT.render(_DOORBELL_LISTEN), params)
-        conn.send_query(text.encode())
+        # PyMySQL's `query`, in its two halves: send, then (once the answer is there) read.
+        conn._execute_command(self._driver.constants.COMMAND.COM_QUERY, text.encode())
         box = self._listener.inbox
-        answer = conn.fileno()
+        answer = _socket(conn)
         while box is not None:  # hand on the pokes that come before the answer
             ready = select.select([answer, box], [], [])[0]
             if box in ready:
@@ -844,15 +857,15 @@ class MySQLBackend(SQLBackend):
             if answer in ready:
                 break
         try:
-            conn.read_query_result()
-            rows = conn.store_result().fetch_row(0, 1)  # a KILL may land in either
+            conn._read_query_result()  # a KILL may land here
+            rows = conn._result.rows  # (rings, slept)
         except self._driver.OperationalError as exc:
             if exc.args and exc.args[0] == _KILLED:
                 return None
             raise
         if not rows:  # someone removed our doorbell: hang it again
             raise self._driver.OperationalError(2013, "the doorbell row disappeared")
-        rings: int = rows[0]["rings"]
+        rings: int = rows[0][0]
         return rings
 
     def close(self) -> None:
@@ -904,6 +917,52 @@ def _bound(params: Params) -> dict[str, object]:
 
 class _Overran(Exception):
     """A call's time ran out: its connection was shut down under it (`MySQLBackend._run`)."""
+
+
+def _tls(options: dict[str, object]) -> dict[str, object]:
+    """The driver's TLS arguments for the URL's ``ssl`` parameters (popped from ``options``).
+
+    ``ssl=true`` alone: encrypted, the server's certificate not checked (MySQL's
+    ``REQUIRED``); ``ssl_ca``: the certificate checked against that authority
+    (``VERIFY_CA``); ``ssl_cert`` and ``ssl_key``: the client's own. Without any:
+    no TLS (the driver would otherwise try it and fall back to plain text unseen).
+    """
+    wanted = options.pop("ssl", False)
+    files: dict[str, object] = {
+        k: options.pop(k) for k in ("ssl_ca", "ssl_cert", "ssl_key") if k in options
+    }
+    if files:
+        return {**files, "ssl_verify_cert": "ssl_ca" in files}
+    if wanted:
+        return {"ssl": {"check_hostname": False, "verify_mode": False}}
+    return {"ssl_disabled": True}
+
+
+def _dial(options: dict[str, object], wait: float) -> socket.socket:
+    """A socket connected to the server of ``options`` within ``wait`` seconds, blocking."""
+    path = options.get("unix_socket")
+    if isinstance(path, str):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(max(wait, 0.001))
+            sock.connect(path)
+        except OSError:
+            sock.close()
+            raise
+    else:
+        host, port = options["host"], options["port"]
+        assert isinstance(host, str) and isinstance(port, int)  # `mysql_options` made them
+        sock = socket.create_connection((host, port), timeout=max(wait, 0.001))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.settimeout(None)  # from here on the cutter bounds each wait
+    return sock
+
+
+def _socket(conn: Connection) -> socket.socket:
+    """The connection's socket (the cutter shuts it down; the doorbell waits on it)."""
+    sock: socket.socket = conn._sock
+    return sock
 
 
 def _close(conn: Connection) -> None:
