@@ -23,10 +23,10 @@ import pymysql
 import pytest
 
 import lockwarden
-from lockwarden import LockTimeout
+from lockwarden import LockTimeout, StoreError
 from lockwarden.store import Store, inbox
 from lockwarden.store.backend import AcquireRequest
-from lockwarden.store.mysql import DIALECT, IDLE_IN_TRANSACTION, bucket
+from lockwarden.store.mysql import DIALECT, IDLE_IN_TRANSACTION, _tls, bucket
 from lockwarden.store.queries import (
     CLEAN,
     CLOSE_SESSION,
@@ -677,3 +677,21 @@ def test_a_waiter_whose_doorbell_cannot_hang_yet_times_out_on_time(mysql_url: st
     finally:
         holder_store.close()
         waiter_store.close()
+
+
+def test_tls_asked_for_is_required_and_never_tried_unasked(mysql_url: str) -> None:
+    """This server has TLS off. Asked for, TLS must fail the store rather than fall back
+    to plain text; not asked for, the connection is plain, as the URL says."""
+    with pytest.raises(StoreError, match="SSL is required but the server doesn't support it"):
+        lockwarden.connect(mysql_url + "?ssl=true", call_timeout=3)
+    with lockwarden.connect(mysql_url) as store, store.session(app_id="plain") as s:
+        assert s.lock("tls").token >= 1
+    assert _tls({"ssl": True}) == {"ssl": {"check_hostname": False, "verify_mode": False}}
+    assert _tls({"ssl_ca": "ca.pem"}) == {"ssl_ca": "ca.pem", "ssl_verify_cert": True}
+    assert _tls({"ssl_cert": "c.pem", "ssl_key": "k.pem"}) == {
+        "ssl_cert": "c.pem",
+        "ssl_key": "k.pem",
+        "ssl_verify_cert": False,
+    }
+    options: dict[str, object] = {"host": "h", "ssl": False}
+    assert _tls(options) == {"ssl_disabled": True} and options == {"host": "h"}
