@@ -104,7 +104,8 @@ class Cli:
         self.url = url
         self.home = home
         self.env = {
-            **os.environ,
+            # Not the size pytest-xdist's workers set: a terminal's is its own (`in_terminal`).
+            **{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")},
             "LOCKWARDEN_DB": url,
             "HOME": str(home),
             "XDG_STATE_HOME": str(home / "state"),

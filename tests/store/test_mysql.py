@@ -513,6 +513,8 @@ def test_a_release_grants_nothing_to_a_session_closing_meanwhile(mysql_url: str)
                         look.execute(
                             "SELECT COUNT(*) FROM information_schema.PROCESSLIST"
                             " WHERE INFO LIKE 'DELETE FROM lw_waiters WHERE request_id%%'"
+                            " AND DB = %s",  # not another test's, running beside this one
+                            (mysql_url.rsplit("/", 1)[1],),
                         )
                         return bool(look.fetchone()[0])
 
