@@ -538,6 +538,13 @@ class MariaServer:
         rows = self.execute(sql)
         return rows[0][0] if rows else None
 
+    def stop(self) -> None:
+        """A clean shutdown (the server flushes and closes its files)."""
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(60)
+            self.proc = None
+
     def kill(self) -> None:
         if self.proc is not None:
             self.proc.kill()

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -36,6 +34,7 @@ from lockwarden.store.queries import (
 )
 from lockwarden.store.url import mysql_options
 from tests.conftest import Background, enqueue, mysql_admin, wait_for
+from tests.store.failover import MariaServer, MariaTemplate
 
 
 def _connections(database: str) -> list[int]:
@@ -376,92 +375,25 @@ def test_a_connection_killed_inside_an_acquire_leaves_nothing_half_done(mysql_ur
 # -- a private server, restarted -------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class _PrivateServer:
-    """A MariaDB of this test's own: data, port and socket in a temporary directory."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.port = _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        subprocess.run(
-            [
-                "mariadb-install-db",
-                "--no-defaults",
-                f"--datadir={root / 'data'}",
-                "--auth-root-authentication-method=normal",
-                "--skip-test-db",
-                "--user=root",
-            ],
-            check=True,
-            capture_output=True,
-        )
-
-    @property
-    def url(self) -> str:
-        return f"mysql://root@127.0.0.1:{self.port}/locks"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                "mariadbd",
-                "--no-defaults",
-                f"--datadir={self.root / 'data'}",
-                f"--port={self.port}",
-                "--bind-address=127.0.0.1",
-                f"--socket={self.root / 'sock'}",
-                f"--pid-file={self.root / 'pid'}",
-                "--user=root",
-                "--skip-log-bin",
-                "--innodb-buffer-pool-size=16M",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_for(self._ready, timeout=60, what="the private MariaDB to start")
-
-    def _ready(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                return True
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=60)
-            self.proc = None
-
-
 @pytest.fixture
-def private_server(tmp_path: Path) -> Iterator[_PrivateServer]:
-    if shutil.which("mariadbd") is None or shutil.which("mariadb-install-db") is None:
-        pytest.skip("needs the MariaDB server binaries (mariadbd, mariadb-install-db)")
-    server = _PrivateServer(tmp_path)
+def private_server(mariadb_failover_template: MariaTemplate) -> Iterator[MariaServer]:
+    """A MariaDB of this test's own, with a database ``locks``."""
+    server = MariaServer(mariadb_failover_template.copy("restart"), 1)
     server.start()
-
-    admin: Any = pymysql.connect(host="127.0.0.1", port=server.port, user="root")
-    admin.cursor().execute("CREATE DATABASE locks")
-    admin.close()
+    server.execute("CREATE DATABASE locks")
     yield server
-    server.stop()
+    server.kill()
 
 
 @pytest.mark.slow
-def test_locks_and_tokens_survive_a_server_restart(private_server: _PrivateServer) -> None:
+def test_locks_and_tokens_survive_a_server_restart(private_server: MariaServer) -> None:
     """Grants are durable: after a restart the holder still holds, its session is
     still live (the heartbeat reconnects), and tokens go on rising. (A waiter
     woken while the server is down meets the outage as a `StoreError`, as on
     PostgreSQL, so the waiter here queues after the restart.)"""
-    store: Store = lockwarden.connect(private_server.url)
-    other: Store = lockwarden.connect(private_server.url)
+    url = f"mysql://root@127.0.0.1:{private_server.port}/locks"
+    store: Store = lockwarden.connect(url)
+    other: Store = lockwarden.connect(url)
     try:
         holder = store.session(app_id="holder", ttl=30)
         waiter = other.session(app_id="waiter", ttl=30)
