@@ -31,7 +31,8 @@ import lockwarden
 from chaos.etcd_cluster import EtcdCluster
 from chaos.proxy import Proxy
 from lockwarden.store import Session, Store
-from lockwarden.store.backend import AcquireRequest, SQLBackend
+from lockwarden.store.backends.base import AcquireRequest
+from lockwarden.store.backends.sql.base import SQLBackend
 from lockwarden.store.url import mysql_options
 
 PG = os.environ.get("LOCKWARDEN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")

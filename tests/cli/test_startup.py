@@ -51,7 +51,8 @@ def imported(tmp_path: Path, *argv: str) -> set[str]:
 
 
 def heavy(modules: set[str]) -> set[str]:
-    return {m for m in modules if m == "lockwarden.store.postgres" or m.startswith(HEAVY)}
+    postgres = "lockwarden.store.backends.postgresql.backend"
+    return {m for m in modules if m == postgres or m.startswith(HEAVY)}
 
 
 def test_version_imports_neither_the_store_nor_its_drivers(tmp_path: Path) -> None:
@@ -72,7 +73,7 @@ def test_commands_that_describe_lockwarden_open_no_store(
 
 def test_run_on_sqlite_imports_no_asyncio_rich_or_postgresql(tmp_path: Path) -> None:
     modules = imported(tmp_path, "--db", f"sqlite:///{tmp_path}/locks.db", "run", "x", "--", "true")
-    assert "lockwarden.store.sqlite" in modules
+    assert "lockwarden.store.backends.sqlite.backend" in modules
     assert not heavy(modules)
     assert not modules.intersection(SLOW)
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import lockwarden
-from lockwarden.store import check_schema, schema
+from lockwarden.store import check_schema
+from lockwarden.store.backends.sql import schema
 from tests.cli.conftest import Cli
 
 READ_ONLY = [

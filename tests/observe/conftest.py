@@ -6,8 +6,8 @@ import secrets
 import time
 
 from lockwarden.store import Session, Store
-from lockwarden.store.etcd import EtcdBackend
-from lockwarden.store.etcdkv import put
+from lockwarden.store.backends.etcd.backend import EtcdBackend
+from lockwarden.store.backends.etcd.cluster import put
 
 _QUEUE = """
 INSERT INTO {p}lw_waiters (request_id, name, mode, session_id, seq, enqueued_at, expires_at)

@@ -12,10 +12,10 @@ import pytest
 
 from lockwarden import HeldTooLong, LockLost, LockTimeout, Mode
 from lockwarden.store import Session, Store, waiting
-from lockwarden.store.backend import AcquireRequest, Attempt
-from lockwarden.store.mysql import MySQLBackend
-from lockwarden.store.postgres import PostgresBackend
-from lockwarden.store.sqlite import SQLiteBackend
+from lockwarden.store.backends.base import AcquireRequest, Attempt
+from lockwarden.store.backends.mysql.backend import MySQLBackend
+from lockwarden.store.backends.postgresql.backend import PostgresBackend
+from lockwarden.store.backends.sqlite.backend import SQLiteBackend
 from lockwarden.store.wakeups import Subscription
 from tests.conftest import stop_heartbeat
 

@@ -7,8 +7,8 @@ import secrets
 import pytest
 
 from lockwarden.store import Store
-from lockwarden.store.backend import AcquireRequest
-from lockwarden.store.etcd import EtcdBackend
+from lockwarden.store.backends.base import AcquireRequest
+from lockwarden.store.backends.etcd.backend import EtcdBackend
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import secrets
 import pytest
 
 from lockwarden.store import Session, Store
-from lockwarden.store.backend import AcquireRequest, Attempt
-from lockwarden.store.etcd import EtcdBackend
+from lockwarden.store.backends.base import AcquireRequest, Attempt
+from lockwarden.store.backends.etcd.backend import EtcdBackend
 
 
 @pytest.fixture

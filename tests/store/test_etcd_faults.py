@@ -192,12 +192,12 @@ def test_a_lease_renewal_answered_in_an_old_term_does_not_count(
     """etcd renews leases in its leader's memory: a leader paused or cut off, not yet told
     of the term the others moved on to, renews and says so while the real leader lets the
     lease expire. A renewal answered in a term the cluster is no longer in is no renewal."""
-    from lockwarden.store import etcdkv  # noqa: PLC0415
+    from lockwarden.store.backends.etcd import cluster  # noqa: PLC0415
 
     with store.session(app_id="renewing", ttl=30) as session:
-        real = etcdkv._Member.post
+        real = cluster._Member.post
 
-        def post(member: etcdkv._Member, url: str, **kwargs: object) -> object:
+        def post(member: cluster._Member, url: str, **kwargs: object) -> object:
             answer = real(member, url, **kwargs)
             if url.endswith("/lease/keepalive"):
                 header = answer["result"]["header"]  # type: ignore[index]
@@ -205,7 +205,7 @@ def test_a_lease_renewal_answered_in_an_old_term_does_not_count(
             return answer
 
         before = session.expires_at
-        monkeypatch.setattr(etcdkv._Member, "post", post)
+        monkeypatch.setattr(cluster._Member, "post", post)
         with pytest.raises(StoreError, match="may no longer have been the leader"):
             session.renew()
         assert abs(session.expires_at - before) < 0.01 and not session.lost  # not moved

@@ -16,8 +16,8 @@ import pytest
 
 from lockwarden import Deadlock, LockLost, StoreError
 from lockwarden.store import Session, Store
-from lockwarden.store.etcd import EtcdBackend
-from lockwarden.store.etcdkv import Op, Txn, dec, scan
+from lockwarden.store.backends.etcd.backend import EtcdBackend
+from lockwarden.store.backends.etcd.cluster import Op, Txn, dec, scan
 from tests.conftest import Background, wait_for
 
 Send = tuple[Sequence[Op], Sequence[Op], Sequence[Op]]
@@ -248,14 +248,14 @@ def test_a_fence_write_whose_answer_was_lost_is_reported_unknown_not_refused(
     first copy was applied), so the outcome is unknown (`StoreError`), not `LockLost`."""
     from etcd3gw import exceptions  # noqa: PLC0415
 
-    from lockwarden.store import etcdkv  # noqa: PLC0415
+    from lockwarden.store.backends.etcd import cluster  # noqa: PLC0415
 
     fence, newer = store.fence("r"), connect().fence("r")
     fence.write(1, "one")
-    real = etcdkv._Member.post
+    real = cluster._Member.post
     lost: list[str] = []
 
-    def post(member: etcdkv._Member, url: str, **kwargs: object) -> object:
+    def post(member: cluster._Member, url: str, **kwargs: object) -> object:
         answer = real(member, url, **kwargs)
         if url.endswith("/kv/txn") and not lost and "request_put" in str(kwargs.get("json")):
             lost.append(url)
@@ -263,7 +263,7 @@ def test_a_fence_write_whose_answer_was_lost_is_reported_unknown_not_refused(
             raise exceptions.ConnectionTimeoutError("the answer was lost")
         return answer
 
-    monkeypatch.setattr(etcdkv._Member, "post", post)
+    monkeypatch.setattr(cluster._Member, "post", post)
     with pytest.raises(StoreError, match="outcome of a fence access is unknown"):
         fence.write(2, "two")
     monkeypatch.undo()

@@ -10,9 +10,9 @@ import pytest
 
 import lockwarden
 from lockwarden.store import Session, Store
-from lockwarden.store.backend import AcquireRequest
-from lockwarden.store.etcd import EtcdBackend
-from lockwarden.store.etcdkv import Op, Txn, enc
+from lockwarden.store.backends.base import AcquireRequest
+from lockwarden.store.backends.etcd.backend import EtcdBackend
+from lockwarden.store.backends.etcd.cluster import Op, Txn, enc
 from tests.conftest import stop_heartbeat, wait_for
 
 

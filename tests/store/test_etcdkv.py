@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from chaos.etcd_cluster import EtcdCluster
-from lockwarden.store.backend import Stats
-from lockwarden.store.etcdkv import Cluster, get
+from lockwarden.store.backends.base import Stats
+from lockwarden.store.backends.etcd.cluster import Cluster, get
 from lockwarden.store.url import parse_url
 
 

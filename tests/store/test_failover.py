@@ -51,7 +51,7 @@ import pytest
 import lockwarden
 from lockwarden import LockLost, LockTimeout, NotHeld, StoreError
 from lockwarden.store import Session, Store
-from lockwarden.store.postgres import PostgresBackend
+from lockwarden.store.backends.postgresql.backend import PostgresBackend
 from tests.conftest import Background, wait_for
 from tests.store.failover import Pair, Server, Told
 

@@ -120,7 +120,8 @@ def test_a_client_clock_hours_off_changes_nothing(
     if url.startswith("etcd:"):
         pytest.skip(
             "etcd has no clock to lend: ages and max_hold compare host clocks there "
-            "(src/lockwarden/store/ETCD.md); liveness is the lease, tested elsewhere"
+            "(src/lockwarden/store/backends/etcd/README.md); liveness is the lease, tested"
+            " elsewhere"
         )
     env = {"LW_SKEW": str(skew)}
     # A holder whose clock is off stays live for as long as it beats...

@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 
 import lockwarden
 from lockwarden import LockError, Mode
-from lockwarden.store import HeldLock, Session, Store, pgconn
+from lockwarden.store import HeldLock, Session, Store
+from lockwarden.store.backends.postgresql import connections as pgconn
 from tests.conftest import PG, pg_admin
 
 EXAMPLES = int(os.environ.get("LOCKWARDEN_FUZZ_EXAMPLES", "500"))

@@ -3,7 +3,7 @@
 Waiters are queued here through the backend, without a thread waiting, so that what the
 release itself granted can be read from the store the moment it returns. On etcd a
 release grants one single-name request at most, and only when it releases one name
-(`ETCD.md`, "Grant on release"): the others it lets in take their locks when woken.
+(`backends/etcd/README.md`, "Grant on release"): the others it lets in take their locks when woken.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import pytest
 
 import lockwarden
 from lockwarden import Deadlock, LockLost, LockTimeout
-from lockwarden.store import Session, Store, attempt, waiting
-from lockwarden.store.attempt import Engine, Told
-from lockwarden.store.backend import AcquireRequest, Run
-from lockwarden.store.postgres import PostgresBackend
-from lockwarden.store.wakeups import Subscription
+from lockwarden.store import Session, Store, waiting
+from lockwarden.store.backends.base import AcquireRequest, Run
+from lockwarden.store.backends.postgresql.backend import PostgresBackend
+from lockwarden.store.backends.sql import algorithm as attempt
+from lockwarden.store.backends.sql.algorithm import Engine
+from lockwarden.store.wakeups import Subscription, Told
 from tests.conftest import (
     Background,
     Child,

@@ -43,7 +43,7 @@ def test_one_statement_per_interval_for_one_lock_or_ten_thousand(
     store = connect()
     ttl, window = _timing(store)
     # On etcd a beat is a lease renewal and the linearizable read that confirms it
-    # (etcdkv.Cluster.keep_alive): two requests, however many locks.
+    # (cluster.Cluster.keep_alive): two requests, however many locks.
     per_beat = 2 if store.url.startswith("etcd:") else 1
     beats = window / (ttl / 3)
     one = _statements_while_idle(store, 1)

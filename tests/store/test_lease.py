@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lockwarden import LockLost
-from lockwarden.store import Store, lease, queries
+from lockwarden.store import Store, lease
+from lockwarden.store.backends.sql import queries
 from lockwarden.store.lease import LeaseTimer
 from tests.conftest import Background, wait_for
 

@@ -17,7 +17,7 @@ import pytest
 import lockwarden
 from lockwarden.store import Session, Store, inbox
 from lockwarden.store.aio import AsyncSubscription
-from lockwarden.store.backend import TAG_LENGTH
+from lockwarden.store.backends.base import TAG_LENGTH
 from lockwarden.store.validate import MAX_WAIT
 from lockwarden.store.wakeups import Subscription
 from tests.conftest import Background, wait_for

@@ -29,11 +29,11 @@ from hypothesis.stateful import (
 )
 
 from lockwarden.store import Store
-from lockwarden.store.backend import AcquireRequest
-from lockwarden.store.etcd import EtcdBackend
-from lockwarden.store.mysql import MySQLBackend
-from lockwarden.store.postgres import PostgresBackend
-from lockwarden.store.sqlite import SQLiteBackend
+from lockwarden.store.backends.base import AcquireRequest
+from lockwarden.store.backends.etcd.backend import EtcdBackend
+from lockwarden.store.backends.mysql.backend import MySQLBackend
+from lockwarden.store.backends.postgresql.backend import PostgresBackend
+from lockwarden.store.backends.sqlite.backend import SQLiteBackend
 from tests.conftest import empty_locks
 
 NAMES = ("a", "b", "c")

@@ -23,9 +23,9 @@ import pytest
 import lockwarden
 from lockwarden import LockTimeout, StoreError
 from lockwarden.store import Store, inbox
-from lockwarden.store.backend import AcquireRequest
-from lockwarden.store.mysql import DIALECT, IDLE_IN_TRANSACTION, _tls, bucket
-from lockwarden.store.queries import (
+from lockwarden.store.backends.base import AcquireRequest
+from lockwarden.store.backends.mysql.backend import DIALECT, IDLE_IN_TRANSACTION, _tls, bucket
+from lockwarden.store.backends.sql.queries import (
     CLEAN,
     CLOSE_SESSION,
     DEADLOCK_EDGES,
@@ -533,12 +533,12 @@ def test_a_process_paused_inside_a_transaction_holds_up_other_grants_briefly(
 ) -> None:
     """A release that grants is paused (SIGSTOP) between its grant and its commit, holding
     the tokens' counter row, which every grant in the database needs. The server ends the
-    idle transaction after `mysql.IDLE_IN_TRANSACTION` seconds, rolling it back, so a grant
+    idle transaction after `mysql.backend.IDLE_IN_TRANSACTION` seconds, rolling it back, so a grant
     of another name goes through while the process is still paused; resumed, the release
     finds its connection gone, is sent again on a fresh one and grants the waiter then."""
     code = (
         "import os, signal, sys, lockwarden\n"
-        "from lockwarden.store import mysql\n"
+        "from lockwarden.store.backends.mysql import backend as mysql\n"
         "store = lockwarden.connect(sys.argv[1])\n"
         "held = store.session(app_id='paused').lock('paused')\n"
         "commit = mysql.MySQLBackend._ring_far_and_commit\n"

@@ -19,8 +19,8 @@ from psycopg.conninfo import conninfo_to_dict
 import lockwarden
 from chaos.proxy import Proxy
 from lockwarden import LockTimeout, NotHeld, StoreError
-from lockwarden.store import pgconn
-from lockwarden.store.postgres import PostgresBackend
+from lockwarden.store.backends.postgresql import connections as pgconn
+from lockwarden.store.backends.postgresql.backend import PostgresBackend
 from tests.conftest import PG, Background, open_connections, pg_admin, wait_for
 
 pytestmark = pytest.mark.slow

@@ -14,9 +14,12 @@ import pytest
 
 import lockwarden
 from lockwarden import LockTimeout, StoreError
-from lockwarden.store import Session, Store, inbox, plpgsql, postgres, queries
-from lockwarden.store.backend import AcquireRequest
-from lockwarden.store.pgconn import Connections, Prepared
+from lockwarden.store import Session, Store, inbox
+from lockwarden.store.backends.base import AcquireRequest
+from lockwarden.store.backends.postgresql import backend as postgres
+from lockwarden.store.backends.postgresql import plpgsql
+from lockwarden.store.backends.postgresql.connections import Connections, Prepared
+from lockwarden.store.backends.sql import queries
 from lockwarden.store.url import parse_url
 from tests.conftest import (
     Background,
@@ -664,7 +667,7 @@ def test_stray_notifications_on_the_grant_channel_harm_nobody(store: Store, pg_s
 
 
 def test_the_lock_calls_are_prepared_again_where_the_server_forgot_them(store: Store) -> None:
-    """The hot path's prepared statements (`pgconn.Connections.call`) are made again on a
+    """The hot path's prepared statements (`connections.Connections.call`) are made again on a
     connection whose prepared statements are gone (a pooler's reset, DEALLOCATE)."""
     with store.session(app_id="prep") as s:
         first = s.lock("prep")
@@ -704,7 +707,7 @@ def test_ctrl_c_interrupts_a_lock_call_the_server_has_not_answered(
     key = plpgsql.lock_key(pg_schema)
     code = (
         "import os, sys, lockwarden\n"
-        "from lockwarden.store.backend import AcquireRequest\n"
+        "from lockwarden.store.backends.base import AcquireRequest\n"
         "store = lockwarden.connect(sys.argv[1])\n"
         "s = store.session(app_id='sigint')\n"
         "s.lock('warm').release()\n"
@@ -806,7 +809,7 @@ def test_a_call_cut_short_while_sending_leaves_no_connection_in_pipeline_mode(
     store: Store, sent: bool
 ) -> None:
     """A call interrupted while it was still sending, before anything went or before its
-    Sync (so the server never answers; given up once `pgconn.SETTLE` has passed), leaves
+    Sync (so the server never answers; given up once `connections.SETTLE` has passed), leaves
     its connection out of libpq's pipeline mode, or closed: the store's next calls run.
     (Left in pipeline mode, the connection went back to the pool looking idle, and the
     next statement on it waited for an answer that never comes.)"""

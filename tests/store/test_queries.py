@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lockwarden.store import queries
+from lockwarden.store.backends.sql import queries
 
 TEXTS = [
     value

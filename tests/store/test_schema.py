@@ -8,7 +8,8 @@ import pytest
 
 import lockwarden
 from lockwarden import LockLost, StoreError
-from lockwarden.store import Store, check_schema, queries, schema
+from lockwarden.store import Store, check_schema
+from lockwarden.store.backends.sql import queries, schema
 from tests.conftest import URLS
 
 

@@ -22,7 +22,7 @@ from lockwarden import (
     NotHeld,
 )
 from lockwarden.store import Cleaned, HeldLock, Stamp, Store
-from lockwarden.store.backend import AcquireRequest
+from lockwarden.store.backends.base import AcquireRequest
 from tests.conftest import Background, lease_slack, resume_heartbeat, stop_heartbeat, wait_for
 
 

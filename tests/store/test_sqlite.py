@@ -15,7 +15,9 @@ import pytest
 
 from lockwarden import LockLost, LockUsageError, StoreError
 from lockwarden.modes import Mode
-from lockwarden.store import Store, connect, queries, sqlite
+from lockwarden.store import Store, connect
+from lockwarden.store.backends.sql import queries
+from lockwarden.store.backends.sqlite import backend as sqlite
 from lockwarden.store.url import parse_url
 from tests.conftest import Background, Child, interrupted_after, wait_for
 

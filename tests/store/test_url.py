@@ -20,7 +20,7 @@ from psycopg.conninfo import conninfo_to_dict
 import lockwarden
 from chaos.etcd_cluster import free_ports
 from lockwarden import LockUsageError, StoreError
-from lockwarden.store import pgconn
+from lockwarden.store.backends.postgresql import connections as pgconn
 from lockwarden.store.bounds import CALL_TIMEOUT
 from lockwarden.store.url import _KEYWORDS, mysql_options, parse_url
 from tests.conftest import PG, pg_admin

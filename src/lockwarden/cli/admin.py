@@ -114,7 +114,8 @@ def init(args: argparse.Namespace, url: str) -> int:
 def _check(args: argparse.Namespace, url: str) -> int:
     """What `init` would do, from the versions recorded in the store; nothing is changed."""
     from lockwarden import LockError  # noqa: PLC0415
-    from lockwarden.store import check_schema, schema  # noqa: PLC0415
+    from lockwarden.store import check_schema  # noqa: PLC0415
+    from lockwarden.store.backends.sql import schema  # noqa: PLC0415
 
     try:
         plan = check_schema(url)

@@ -17,14 +17,7 @@ from lockwarden.store.session import (
     check_schema,
     connect,
 )
-from lockwarden.store.status import (
-    Cleaned,
-    LockEntry,
-    Permits,
-    SessionEntry,
-    WaitEdge,
-    WaiterEntry,
-)
+from lockwarden.store.status import Cleaned, LockEntry, Permits, SessionEntry, WaitEdge, WaiterEntry
 
 __all__ = [
     "Cleaned",

@@ -34,8 +34,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from lockwarden.errors import LockLost, LockUsageError
-from lockwarden.store import queries, validate
-from lockwarden.store.backend import Backend
+from lockwarden.store import validate
+from lockwarden.store.backends.base import Backend
+from lockwarden.store.backends.sql import queries
 
 
 class _Claim(Protocol):

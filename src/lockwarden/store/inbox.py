@@ -32,9 +32,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import suppress
 
 from lockwarden.store import process
-from lockwarden.store.attempt import Told
-from lockwarden.store.backend import TAG_LENGTH
-from lockwarden.store.wakeups import Subscription, Tokens, Wakeups, Woken, message
+from lockwarden.store.backends.base import TAG_LENGTH
+from lockwarden.store.wakeups import Subscription, Tokens, Told, Wakeups, Woken, message
 
 LOOK_EVERY = 1.0
 """How often (seconds) a waiter that releases of this machine may poke asks whether it was

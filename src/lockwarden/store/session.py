@@ -43,21 +43,15 @@ from lockwarden.errors import (
     StoreError,
 )
 from lockwarden.modes import Mode
-from lockwarden.store import bounds, lease, process, queries, schema, validate
-from lockwarden.store.backend import (
-    STORE_LOG,
-    Backend,
-    NoStore,
-    Opening,
-    SQLBackend,
-    Stats,
-    jittered,
-    random_hex,
-)
+from lockwarden.store import bounds, lease, process, validate
+from lockwarden.store.backends.base import STORE_LOG, Backend, Opening, Stats, random_hex
+from lockwarden.store.backends.sql import queries, schema
+from lockwarden.store.backends.sql.base import NoStore, SQLBackend
+from lockwarden.store.backends.sqlite.backend import SQLiteBackend
 from lockwarden.store.fence import Fence
 from lockwarden.store.heartbeat import Heartbeat
 from lockwarden.store.lease import LeaseTimer
-from lockwarden.store.sqlite import SQLiteBackend
+from lockwarden.store.retry import jittered
 from lockwarden.store.status import (
     AdminAction,
     Cleaned,
@@ -594,7 +588,7 @@ class Session:
 
         Cancelling the waiting task leaves no row behind.
         """
-        from lockwarden.store.aio import AsyncAcquire  # noqa: PLC0415  (see _acquire_async)
+        from lockwarden.store.aio import AsyncAcquire  # noqa: PLC0415  (see _acquire_async
 
         want = self._want([(name, mode)], timeout, on_stale)
         return AsyncAcquire(self._acquire_async(want, HeldLock), Stamp.release)
@@ -606,7 +600,7 @@ class Session:
         on_stale: str | None = None,
     ) -> AsyncAcquire[Stamp]:
         """`lock_many` for asyncio, used like `lock_async`."""
-        from lockwarden.store.aio import AsyncAcquire  # noqa: PLC0415  (see _acquire_async)
+        from lockwarden.store.aio import AsyncAcquire  # noqa: PLC0415  (see _acquire_async
 
         want = self._want(items, timeout, on_stale)
         return AsyncAcquire(self._acquire_async(want, Stamp), Stamp.release)
@@ -1535,20 +1529,20 @@ def _backend(url: str, durability: str, opening: Opening, call_timeout: float) -
 
 
 def _postgres(url: StoreURL, relaxed: bool, opening: Opening) -> Backend:
-    from lockwarden.store.postgres import PostgresBackend  # noqa: PLC0415  (SQLite users skip it)
+    from lockwarden.store.backends.postgresql.backend import PostgresBackend  # noqa: PLC0415  (SQLite users skip it,
 
     return PostgresBackend(url, relaxed=relaxed, opening=opening)
 
 
 def _mysql(url: StoreURL, relaxed: bool, opening: Opening) -> Backend:
-    from lockwarden.store.mysql import MySQLBackend  # noqa: PLC0415  (its users alone pay)
+    from lockwarden.store.backends.mysql.backend import MySQLBackend  # noqa: PLC0415  (its users alone pay,
 
     return MySQLBackend(url, opening=opening)
 
 
 def _etcd(url: StoreURL, relaxed: bool, opening: Opening) -> Backend:
     try:  # an optional extra: only etcd users install its client
-        from lockwarden.store.etcd import EtcdBackend  # noqa: PLC0415
+        from lockwarden.store.backends.etcd.backend import EtcdBackend  # noqa: PLC0415
     except ImportError as exc:
         raise LockUsageError(
             f"{url.display} needs the etcd client: pip install 'lockwarden[etcd]' ({exc})"

@@ -39,8 +39,9 @@ from lockwarden.errors import (
     StoreError,
 )
 from lockwarden.modes import Mode
-from lockwarden.store import process, queries
-from lockwarden.store.backend import AcquireRequest, Attempt, Backend, Row
+from lockwarden.store import process
+from lockwarden.store.backends.base import AcquireRequest, Attempt, Backend, Row
+from lockwarden.store.backends.sql import queries
 from lockwarden.store.inbox import MailboxSubscription
 from lockwarden.store.status import holder_of
 from lockwarden.store.validate import MAX_WAIT

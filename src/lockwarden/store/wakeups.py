@@ -37,6 +37,11 @@ _KEEP = 4096
 """How many remembered wake-ups are kept before the old ones are dropped."""
 
 
+Told = tuple[str, str, Tokens | None]
+"""Whom a release tells after its commit: (request id, session id, tokens granted to
+it — one name's; None for a multi-lock, or for a request that must attempt again)."""
+
+
 def message(request_id: str, tokens: Tokens | None) -> str:
     """What tells a request of another process what a release did: ``"<request id>
     <token>"`` (granted that token) or the request id alone (attempt again). PostgreSQL's

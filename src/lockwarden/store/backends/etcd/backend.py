@@ -36,9 +36,8 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from lockwarden.errors import StoreError
-from lockwarden.store import queries
-from lockwarden.store.backend import AcquireRequest, Attempt, Backend, FoughtOver, Params, Row
-from lockwarden.store.etcdkv import (
+from lockwarden.store.backends.base import AcquireRequest, Attempt, Backend, FoughtOver, Params, Row
+from lockwarden.store.backends.etcd.cluster import (
     KV,
     Cluster,
     Op,
@@ -54,6 +53,7 @@ from lockwarden.store.etcdkv import (
     scan,
     unchanged_since,
 )
+from lockwarden.store.backends.sql import queries
 from lockwarden.store.url import StoreURL
 
 Names = list[str | None]

@@ -16,18 +16,9 @@ import re
 import zlib
 from typing import Final
 
-from lockwarden.store import queries
-from lockwarden.store.backend import TAG_LENGTH, Run
-
-BUCKETS = 1024
-"""Names hash into this many advisory-lock keys per schema.
-
-A request takes one transaction-level lock per distinct bucket of its names,
-in bucket order (so two requests never deadlock on them). Bounding the
-buckets bounds what a multi-lock of thousands of names takes from the
-server's shared lock table; a collision only makes two names' acquires
-queue behind each other for the length of one transaction.
-"""
+from lockwarden.store.backends.base import TAG_LENGTH, Run
+from lockwarden.store.backends.sql import queries
+from lockwarden.store.backends.sql.base import BUCKETS, GRAPH_KEY
 
 
 def lock_key(schema: str) -> int:
@@ -35,9 +26,8 @@ def lock_key(schema: str) -> int:
     return zlib.crc32(schema.encode()) - 2**31
 
 
-# Second advisory-lock keys besides the name buckets (0 .. BUCKETS - 1).
-GRAPH_KEY = -1
-"""Serializes deadlock checks, so of two requests closing a cycle the second sees the first."""
+# Second advisory-lock keys besides the name buckets (0 .. BUCKETS - 1), the first
+# (`GRAPH_KEY`) shared with MySQL's bucket rows.
 MIGRATION_KEY = -2
 """Serializes schema migrations between processes."""
 
@@ -61,7 +51,7 @@ def lock_name(schema: str) -> str:
     ends, as the functions do, gives the transaction the functions' planner settings, and
     lets it commit without waiting for the disk if ``$2`` (relaxed durability). What a
     client sends before the statements it runs under the name's lock, in the same
-    transaction (`pgconn.Connections.call`)."""
+    transaction (`connections.Connections.call`)."""
     settings = "".join(f", set_config('{key}', '{value}', true)" for key, value in _PLANNER)
     return (
         f"SELECT pg_advisory_xact_lock({lock_key(schema)}, {_bucket('$1::text')}){settings},"

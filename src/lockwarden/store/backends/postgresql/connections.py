@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from lockwarden.errors import StoreError
 from lockwarden.store import bounds, process
-from lockwarden.store.backend import jittered
+from lockwarden.store.retry import RETRY_DELAYS, jittered
 from lockwarden.store.url import StoreURL, import_psycopg
 
 if TYPE_CHECKING:
@@ -76,8 +76,6 @@ POOL_WAIT = 10.0
 """Seconds a statement waits for a pooled connection before failing with `StoreError`."""
 POOL_IDLE = 60.0
 """Seconds an idle pooled connection above the first is kept."""
-RETRY_DELAYS = (0.05, 0.2, 0.8)
-"""Pauses (before jitter) before each retry of a statement that failed transiently."""
 KEEP_FOR = 60.0
 """Seconds the kept connection serves before it is given back to the pool (and another,
 or the same, taken at the next call)."""
@@ -119,7 +117,7 @@ def describe(url: StoreURL, exc: BaseException) -> str:
 class Connections:
     """The pool and the retry rule of one PostgreSQL store.
 
-    Like `backend.Pool`, they belong to the process that made them: a forked
+    Like `base.Pool`, they belong to the process that made them: a forked
     child that uses them gets `LockUsageError` (its copies of the parent's
     connections and of the pool's worker thread are the parent's, or gone).
     """

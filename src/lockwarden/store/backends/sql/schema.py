@@ -41,7 +41,8 @@ HOLDERS: Final = """CREATE TABLE {p}lw_holders (
         PRIMARY KEY (name, request_id)
     )"""
 """The held locks: every grant inserts a row and every release deletes it, so each index
-on it is written twice per lock (SQLite rebuilds it without a rowid: `sqlite.py`)."""
+on it is written twice per lock (SQLite rebuilds it without a rowid:
+`backends/sqlite/backend.py`)."""
 
 HOLDERS_OWNER: Final = (
     "CREATE INDEX IF NOT EXISTS lw_holders_owner ON {p}lw_holders (session_id, request_id)"
@@ -141,7 +142,7 @@ _STEPS: Final[dict[int, Sequence[str]]] = {
         # NULL for sessions of older clients, which only the TTL judges.
         "ALTER TABLE {p}lw_sessions ADD COLUMN pid_start TEXT",
     ),
-    5: (),  # SQLite only: its token counter moved by a trigger (`sqlite.py`)
+    5: (),  # SQLite only: its token counter moved by a trigger (`backends/sqlite/backend.py`)
     6: (
         # What administrators did that overrides holders (Store.admin_log): forced
         # release_all, permits raised, locks broken, fences reset.

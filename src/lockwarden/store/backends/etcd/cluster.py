@@ -1,6 +1,6 @@
 """The etcd cluster as the etcd backend sees it: transactions, leases and one watch.
 
-Everything goes through etcd's v3 JSON gateway with `etcd3gw` (`ETCD.md`,
+Everything goes through etcd's v3 JSON gateway with `etcd3gw` (`backends/etcd/README.md`,
 "The client library"). This module knows keys, values and revisions,
 and nothing of locks:
 
@@ -39,7 +39,7 @@ from urllib3.exceptions import NewConnectionError
 from lockwarden import hooks
 from lockwarden.errors import StoreError
 from lockwarden.store import bounds, process
-from lockwarden.store.backend import STORE_LOG, Stats
+from lockwarden.store.backends.base import STORE_LOG, Stats
 from lockwarden.store.url import StoreURL
 
 CALL_TIMEOUT = 1.0

@@ -39,9 +39,8 @@ from typing import Any, Final, TypeVar
 
 from lockwarden import hooks
 from lockwarden.errors import StoreError
-from lockwarden.store import bounds, inbox, queries
-from lockwarden.store.attempt import Engine, Told, attempt, grant
-from lockwarden.store.backend import (
+from lockwarden.store import bounds, inbox
+from lockwarden.store.backends.base import (
     STORE_LOG,
     AcquireRequest,
     Attempt,
@@ -51,13 +50,14 @@ from lockwarden.store.backend import (
     Pool,
     Row,
     Run,
-    SQLBackend,
-    jittered,
 )
+from lockwarden.store.backends.sql import queries
+from lockwarden.store.backends.sql.algorithm import Engine, attempt, grant
+from lockwarden.store.backends.sql.base import BUCKETS, GRAPH_KEY, SQLBackend
 from lockwarden.store.listener import Listener
-from lockwarden.store.pgconn import RETRY_DELAYS
-from lockwarden.store.plpgsql import BUCKETS, GRAPH_KEY
+from lockwarden.store.retry import RETRY_DELAYS, jittered
 from lockwarden.store.url import StoreURL, mysql_options
+from lockwarden.store.wakeups import Told
 
 Connection = Any  # the driver is untyped
 

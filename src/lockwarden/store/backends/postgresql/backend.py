@@ -27,9 +27,8 @@ from typing import TYPE_CHECKING, Final, TypeVar
 
 from lockwarden import hooks
 from lockwarden.errors import StoreError
-from lockwarden.store import inbox, plpgsql, queries, wakeups
-from lockwarden.store.attempt import Told
-from lockwarden.store.backend import (
+from lockwarden.store import inbox, wakeups
+from lockwarden.store.backends.base import (
     STORE_LOG,
     TAG_LENGTH,
     AcquireRequest,
@@ -39,15 +38,25 @@ from lockwarden.store.backend import (
     Params,
     Row,
     Run,
-    SQLBackend,
-    jittered,
 )
+from lockwarden.store.backends.postgresql import plpgsql
+from lockwarden.store.backends.postgresql.connections import (
+    Connections,
+    Prepared,
+    Step,
+    TextArgs,
+    TextRow,
+    describe,
+)
+from lockwarden.store.backends.sql import queries
+from lockwarden.store.backends.sql.base import SQLBackend
 from lockwarden.store.listener import Listener
-from lockwarden.store.pgconn import Connections, Prepared, Step, TextArgs, TextRow, describe
+from lockwarden.store.retry import jittered
 from lockwarden.store.url import StoreURL, import_psycopg
+from lockwarden.store.wakeups import Told
 
 if TYPE_CHECKING:
-    from lockwarden.store.pgconn import Connection
+    from lockwarden.store.backends.postgresql.connections import Connection
 
 
 T = TypeVar("T")
@@ -74,7 +83,7 @@ _ACQUIRE = (
     "SELECT {p}lw_acquire(:session, :request, :names::text[], :modes::text[],"
     " :enqueue, :refuse, :wait, :relaxed) AS result"
 )
-# The hot path's statements, prepared once per connection (`pgconn.Connections.call`).
+# The hot path's statements, prepared once per connection (`connections.Connections.call`).
 _LOCK = (
     "SELECT * FROM {schema}.lw_lock($1::text, $2::text, $3::text, $4::text,"
     " $5::boolean, $6::boolean, $7::double precision, $8::boolean)"

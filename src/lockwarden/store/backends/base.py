@@ -10,16 +10,13 @@ backend without SQL (`etcd`) maps each statement it is given to code of its own.
 from __future__ import annotations
 
 import os
-import random
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
-from lockwarden.errors import StoreError
-from lockwarden.store import process, schema
-from lockwarden.store.queries import Dialect
+from lockwarden.store import process
 from lockwarden.store.url import StoreURL
 from lockwarden.store.wakeups import Wakeups
 
@@ -52,12 +49,6 @@ def random_hex(nbytes: int) -> str:
     the command line, for nothing it needs).
     """
     return os.urandom(nbytes).hex()
-
-
-def jittered(delay: float) -> float:
-    """``delay`` scaled by a random factor from 0.5 to 1.5: clients that failed together
-    (a database restart) do not all come back at the same moment."""
-    return delay * random.uniform(0.5, 1.5)
 
 
 class Stats:
@@ -208,15 +199,6 @@ class Attempt(NamedTuple):
         )
 
 
-class NoStore(StoreError):
-    """The database holds no lock store, and it was opened without creating one."""
-
-    def __init__(self, message: str, plan: schema.Plan | None = None) -> None:
-        super().__init__(message)
-        self.plan = plan
-        """What creating the store would do (`check_schema`)."""
-
-
 class Backend(ABC):
     """One database holding one lock store."""
 
@@ -281,93 +263,3 @@ class Backend(ABC):
     def new_session_id(self) -> str:
         """A new session's id: 128 random bits (a backend may add what routes its wake-ups)."""
         return random_hex(16)
-
-
-class SQLBackend(Backend):
-    """A backend that runs the shared SQL of `queries` (SQLite, PostgreSQL, MySQL)."""
-
-    dialect: Dialect
-    plan: schema.Plan
-    """What opening did to the store's tables (or would do, when only inspecting)."""
-
-    def __init__(self, url: StoreURL) -> None:
-        super().__init__(url)
-        self._tag = random_hex(TAG_LENGTH // 2)
-        """Ends every session id this store makes: a release routes the wake-up of a
-        waiter of this store by it (`inbox`; PostgreSQL's grant channel; the id of
-        MySQL's doorbell row)."""
-
-    def new_session_id(self) -> str:
-        """Random, and ending with this store's tag (`_tag`)."""
-        return random_hex(16) + self._tag
-
-    @abstractmethod
-    def _in_transaction(self, work: Callable[[Run], T]) -> T:
-        """Run ``work`` in one transaction, alone: SQLite's ``BEGIN IMMEDIATE`` excludes
-        every other writer; on PostgreSQL (where only migrations need this) an advisory
-        lock excludes other migrations."""
-
-    @abstractmethod
-    def _has_store(self) -> bool:
-        """Whether the database holds a lock store (its ``lw_meta`` table), changing nothing."""
-
-    def _no_store(self, backend_steps: Mapping[int, Sequence[str]]) -> NoStore:
-        """The error for a database without a store, with the plan of creating one."""
-        nothing = schema.plan(self.query, self.url.display, backend_steps, exists=False)
-        return NoStore(
-            f"no lock store at {self.url.display} (create it with `lockwarden init`)",
-            self._shown(nothing),
-        )
-
-    def _shown(self, plan: schema.Plan) -> schema.Plan:
-        """``plan`` with its statements as the database would receive them, for a person."""
-        steps = tuple((v, tuple(map(self.dialect.render, sql))) for v, sql in plan.steps)
-        return plan._replace(steps=steps)
-
-    def _migrate(
-        self,
-        bootstrap: Sequence[str],
-        backend_steps: Mapping[int, Sequence[str]],
-        opening: Opening = "create",
-        then: Callable[[Run], None] | None = None,
-    ) -> None:
-        """Create or upgrade the store's tables, one process at a time, as ``opening`` says.
-
-        "create": make the tables where there are none. "existing": refuse a
-        database without a store, so that a mistyped path or schema is
-        reported instead of quietly becoming an empty store (an existing
-        store is still upgraded). "inspect": change nothing; `plan` says what
-        "create" would do.
-
-        ``then`` runs last in the same transaction, whatever the version found:
-        what must follow the library rather than the schema version
-        (PostgreSQL's functions, `plpgsql.sync`). Not on a store of a newer
-        schema version that this client may use (`schema.COMPATIBLE_FROM`):
-        the newer clients' definitions are theirs to keep, and an older
-        client writing back its own would undo them on every connect.
-        """
-        if opening != "create" and not self._has_store():
-            raise self._no_store(backend_steps)
-        if opening == "inspect":
-            self.plan = self._shown(schema.plan(self.query, self.url.display, backend_steps))
-            return
-
-        def work(run: Run) -> schema.Plan:
-            for statement in (*bootstrap, schema.BOOTSTRAP):
-                run(statement)
-            found = schema.plan(run, self.url.display, backend_steps)
-            if found.refusal:
-                raise StoreError(found.refusal)
-            for version, statements in found.steps:
-                for statement in statements:
-                    run(statement)
-                run(schema.WRITE_VERSION, {"version": version})
-                run(
-                    schema.WRITE_COMPATIBLE_FROM,
-                    {"compatible_from": schema.compatible_from(version)},
-                )
-            if then is not None and (found.found or 0) <= schema.SCHEMA_VERSION:
-                then(run)
-            return found
-
-        self.plan = self._in_transaction(work)

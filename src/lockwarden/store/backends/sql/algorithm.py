@@ -15,13 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from lockwarden.store import queries
-from lockwarden.store.backend import AcquireRequest, Attempt, Row, Run
-from lockwarden.store.wakeups import Tokens
-
-Told = tuple[str, str, Tokens | None]
-"""Whom a release tells after its commit: (request id, session id, tokens granted to
-it — one name's; None for a multi-lock, or for a request that must attempt again)."""
+from lockwarden.store.backends.base import AcquireRequest, Attempt, Row, Run
+from lockwarden.store.backends.sql import queries
+from lockwarden.store.wakeups import Told
 
 
 def _nothing(run: Run) -> None:

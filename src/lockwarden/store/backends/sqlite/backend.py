@@ -35,9 +35,8 @@ from functools import partial
 from typing import Any, TypeVar
 
 from lockwarden.errors import LockUsageError, StoreError
-from lockwarden.store import bounds, inbox, process, queries, schema
-from lockwarden.store.attempt import Engine, Told, attempt, grant
-from lockwarden.store.backend import (
+from lockwarden.store import bounds, inbox, process
+from lockwarden.store.backends.base import (
     AcquireRequest,
     Attempt,
     FoughtOver,
@@ -46,10 +45,13 @@ from lockwarden.store.backend import (
     Pool,
     Row,
     Run,
-    SQLBackend,
 )
+from lockwarden.store.backends.sql import queries, schema
+from lockwarden.store.backends.sql.algorithm import Engine, attempt, grant
+from lockwarden.store.backends.sql.base import SQLBackend
 from lockwarden.store.listener import Listener
 from lockwarden.store.url import StoreURL
+from lockwarden.store.wakeups import Told
 
 T = TypeVar("T")
 
@@ -100,7 +102,7 @@ WHERE {queries.BLOCKED_BY_LIVE}
 RETURNING seq
 """
 """The common wait on a name fought over, as PostgreSQL's `lw_lock` and MySQL's
-`mysql._taking` hold it (design note, "Acquire", the second shortcut): a write request
+`mysql.backend._taking` hold it (design note, "Acquire", the second shortcut): a write request
 certainly blocked by a live holder, with nothing else at stake, is queued with the next
 seq, and nothing else is read; no row otherwise, and the full attempt decides in the same
 transaction. `_SEQ_TAKEN` then moves the counter on."""

@@ -83,11 +83,11 @@ SQLITE: Final = Dialect(
     now="((julianday('now') - 2440587.5) * 86400.0)",
     started="0",
     in_names="IN (SELECT value FROM json_each(:names))",
-    # :modes is one letter per name ("SXX", `sqlite.py` binds it), read by position:
-    # a join of two json_each tables has no index, and took time quadratic in the names.
+    # :modes is one letter per name ("SXX", `backends/sqlite/backend.py` binds it), read by
+    # position: a join of two json_each tables has no index, and took time quadratic in the names.
     items="SELECT value AS name, substr(:modes, key + 1, 1) AS mode FROM json_each(:names)",
     # The counter in lw_meta, which a trigger on lw_holders moves up to each token
-    # inserted (`sqlite.py`): a grant is one statement.
+    # inserted (`backends/sqlite/backend.py`): a grant is one statement.
     token="(SELECT value FROM lw_meta WHERE key = 'token') + row_number() OVER ()",
     param=":{}",
 )
