@@ -131,6 +131,9 @@ def test_a_release_grants_the_waiter_which_wakes_holding_the_lock(store: Store) 
         held = h.lock("push")
         with pytest.raises(LockTimeout):  # the listener is started (once per store)
             w.lock("push", timeout=0.1)
+        # In force before counting: coming up, it has every waiter look again (a
+        # NOTIFY may have been missed), which on a busy machine can be after 0.1 s.
+        wait_for(store._backend._listening.is_set, what="LISTEN to be in force")
         before = store.stats["attempts"]
         waiting = Background(lambda: w.lock("push", timeout=20))
         wait_for(lambda: store.waiters("push"), what="the waiter to queue")

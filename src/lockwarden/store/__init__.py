@@ -7,17 +7,10 @@ explains the tables, the algorithm and why it is safe.
 """
 
 from lockwarden.store.fence import Fence
-from lockwarden.store.session import (
-    Granted,
-    HeldLock,
-    Session,
-    SharedLock,
-    Stamp,
-    Store,
-    check_schema,
-    connect,
-)
+from lockwarden.store.opening import check_schema, connect
+from lockwarden.store.session import Granted, HeldLock, Session, SharedLock, Stamp
 from lockwarden.store.status import Cleaned, LockEntry, Permits, SessionEntry, WaitEdge, WaiterEntry
+from lockwarden.store.store import Store
 
 __all__ = [
     "Cleaned",
