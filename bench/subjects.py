@@ -55,7 +55,7 @@ class Env:
         """An autocommit PyMySQL connection (to the run's database, made on first use)."""
         import pymysql  # noqa: PLC0415  (a test and mysql extra)
 
-        from lockwarden.store.url import mysql_options  # noqa: PLC0415
+        from lockwarden.store.backends.mysql.url import mysql_options  # noqa: PLC0415
 
         options = mysql_options(f"{self.mysql_url}/{self.database}")
         del options["database"]

@@ -60,7 +60,8 @@ from chaos import clock
 from chaos.config import Config
 from chaos.history import HistoryWriter
 from chaos.worker import Board
-from lockwarden.store.url import mysql_options, parse_url
+from lockwarden.store.backends.mysql.url import mysql_options
+from lockwarden.store.opening import parse_url
 
 PAUSE_TTLS = (1.25, 2.5)
 """A pause lasts this many TTLs: always longer than the lease."""

@@ -24,7 +24,7 @@ import psycopg
 from chaos.config import Config
 from lockwarden import StoreError
 from lockwarden.store import Fence, Store
-from lockwarden.store.url import parse_url
+from lockwarden.store.opening import parse_url
 
 
 class Registers(Protocol):

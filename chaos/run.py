@@ -39,7 +39,8 @@ from chaos.history import HistoryWriter
 from chaos.nemesis import Members, Nemesis, Network
 from chaos.registers import PlainRegisters, registers_for
 from chaos.worker import Board
-from lockwarden.store.url import mysql_options, parse_url
+from lockwarden.store.backends.mysql.url import mysql_options
+from lockwarden.store.opening import parse_url
 
 LEASE_RENEWED = {"etcd": 1.0}
 """Seconds a dead session's lease may outlive its TTL because a new leader renewed it: etcd

@@ -32,8 +32,8 @@ from chaos.etcd_cluster import EtcdCluster
 from chaos.proxy import Proxy
 from lockwarden.store import Session, Store
 from lockwarden.store.backends.base import AcquireRequest
+from lockwarden.store.backends.mysql.url import mysql_options
 from lockwarden.store.backends.sql.base import SQLBackend
-from lockwarden.store.url import mysql_options
 
 PG = os.environ.get("LOCKWARDEN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 MYSQL = os.environ.get("LOCKWARDEN_TEST_MYSQL", "mysql://root@127.0.0.1:3306")

@@ -18,7 +18,7 @@ import pytest
 from chaos.etcd_cluster import EtcdCluster
 from lockwarden.store.backends.base import Stats
 from lockwarden.store.backends.etcd.cluster import Cluster, get
-from lockwarden.store.url import parse_url
+from lockwarden.store.opening import parse_url
 
 
 def _serve(answer: Callable[[socket.socket], None]) -> Iterator[int]:

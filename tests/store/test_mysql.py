@@ -25,6 +25,7 @@ from lockwarden import LockTimeout, StoreError
 from lockwarden.store import Store, inbox
 from lockwarden.store.backends.base import AcquireRequest
 from lockwarden.store.backends.mysql.backend import DIALECT, IDLE_IN_TRANSACTION, _tls, bucket
+from lockwarden.store.backends.mysql.url import mysql_options
 from lockwarden.store.backends.sql.queries import (
     CLEAN,
     CLOSE_SESSION,
@@ -32,7 +33,6 @@ from lockwarden.store.backends.sql.queries import (
     IN_THE_WAY,
     RECLAIM_DELETE,
 )
-from lockwarden.store.url import mysql_options
 from tests.conftest import Background, enqueue, mysql_admin, wait_for
 from tests.store.failover import MariaServer, MariaTemplate
 

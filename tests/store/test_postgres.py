@@ -20,7 +20,7 @@ from lockwarden.store.backends.postgresql import backend as postgres
 from lockwarden.store.backends.postgresql import plpgsql
 from lockwarden.store.backends.postgresql.connections import Connections, Prepared
 from lockwarden.store.backends.sql import queries
-from lockwarden.store.url import parse_url
+from lockwarden.store.opening import parse_url
 from tests.conftest import (
     Background,
     enqueue,

@@ -18,7 +18,7 @@ from lockwarden.modes import Mode
 from lockwarden.store import Store, connect
 from lockwarden.store.backends.sql import queries
 from lockwarden.store.backends.sqlite import backend as sqlite
-from lockwarden.store.url import parse_url
+from lockwarden.store.opening import parse_url
 from tests.conftest import Background, Child, interrupted_after, wait_for
 
 

@@ -20,9 +20,11 @@ from psycopg.conninfo import conninfo_to_dict
 import lockwarden
 from chaos.etcd_cluster import free_ports
 from lockwarden import LockUsageError, StoreError
+from lockwarden.store.backends.mysql.url import mysql_options
 from lockwarden.store.backends.postgresql import connections as pgconn
+from lockwarden.store.backends.postgresql.url import _KEYWORDS
 from lockwarden.store.bounds import CALL_TIMEOUT
-from lockwarden.store.url import _KEYWORDS, mysql_options, parse_url
+from lockwarden.store.opening import parse_url
 from tests.conftest import PG, pg_admin
 
 LOCKWARDEN = Path(sys.executable).with_name("lockwarden")

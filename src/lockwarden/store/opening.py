@@ -4,6 +4,7 @@ SQLite store loads none of the others) and `check_schema`."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from functools import partial
 
@@ -12,9 +13,60 @@ from lockwarden.store import bounds, validate
 from lockwarden.store.backends.base import Backend, Opening
 from lockwarden.store.backends.sql import schema
 from lockwarden.store.backends.sql.base import NoStore, SQLBackend
+from lockwarden.store.backends.sqlite import url as sqlite_url
 from lockwarden.store.backends.sqlite.backend import SQLiteBackend
 from lockwarden.store.store import Store
-from lockwarden.store.url import StoreURL, parse_url
+from lockwarden.store.url import StoreURL
+from lockwarden.store.validate import shown
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+
+_KEYWORD_FORM = re.compile(r"\s*[A-Za-z_]+\s*=")
+
+
+_EXAMPLES = (
+    "a file path, sqlite:////abs/path.db, postgresql://user@host:5432/db, "
+    "etcd://host:2379,host2:2379/prefix or mysql://user@host:3306/db"
+)
+
+
+def parse_url(url: object) -> StoreURL:
+    """Split and check a store URL; raise `LockUsageError` saying what is wrong."""
+    if not isinstance(url, str) or not url.strip():
+        raise LockUsageError(f"store URL must be a non-empty string: {_EXAMPLES}; got {shown(url)}")
+    if "\x00" in url:
+        raise LockUsageError("store URL has a NUL character (no file or host name has one)")
+    scheme = _SCHEME.match(url)
+    if scheme is None:
+        if "://" in url:  # a URL without a usable scheme: not quoted, it may hold a password
+            raise LockUsageError(f"store URL has no scheme before '://': use {_EXAMPLES}")
+        if _KEYWORD_FORM.match(url):
+            from lockwarden.store.backends.postgresql import url as postgresql_url  # noqa: PLC0415
+
+            return postgresql_url.parse(url, keyword_form=True)
+        return sqlite_url.parse_path(url, url)
+    name = scheme.group(1).lower()
+    if name in ("postgresql", "postgres") and url[scheme.end() :].startswith("//"):
+        from lockwarden.store.backends.postgresql import url as postgresql_url  # noqa: PLC0415
+
+        return postgresql_url.parse(url, keyword_form=False)
+    if name == "sqlite" and url[scheme.end() :].startswith("//"):
+        return sqlite_url.parse(url[scheme.end() + 2 :])
+    if name in ("mysql", "mariadb") and url[scheme.end() :].startswith("//"):
+        from lockwarden.store.backends.mysql import url as mysql_url  # noqa: PLC0415
+
+        return mysql_url.parse(url)
+    if name == "etcd" and url[scheme.end() :].startswith("//"):
+        from lockwarden.store.backends.etcd import url as etcd_url  # noqa: PLC0415
+
+        return etcd_url.parse(url[scheme.end() + 2 :])
+    if name in ("postgresql", "postgres", "sqlite", "etcd", "mysql", "mariadb"):
+        raise LockUsageError(f"write {name}:// (two slashes, then the host, or none): {_EXAMPLES}")
+    # Only the scheme is quoted: the rest may hold a password we cannot find.
+    raise LockUsageError(
+        f"unsupported store URL scheme {scheme.group(1)!r}: use {_EXAMPLES} "
+        "(a file whose name has a colon: write ./NAME)"
+    )
 
 
 def connect(

@@ -51,12 +51,13 @@ from lockwarden.store.backends.base import (
     Row,
     Run,
 )
+from lockwarden.store.backends.mysql.url import mysql_options
 from lockwarden.store.backends.sql import queries
 from lockwarden.store.backends.sql.algorithm import Engine, attempt, grant
 from lockwarden.store.backends.sql.base import BUCKETS, GRAPH_KEY, SQLBackend
 from lockwarden.store.listener import Listener
 from lockwarden.store.retry import RETRY_DELAYS, jittered
-from lockwarden.store.url import StoreURL, mysql_options
+from lockwarden.store.url import StoreURL
 from lockwarden.store.wakeups import Told
 
 Connection = Any  # the driver is untyped

@@ -48,11 +48,12 @@ from lockwarden.store.backends.postgresql.connections import (
     TextRow,
     describe,
 )
+from lockwarden.store.backends.postgresql.url import import_psycopg
 from lockwarden.store.backends.sql import queries
 from lockwarden.store.backends.sql.base import SQLBackend
 from lockwarden.store.listener import Listener
 from lockwarden.store.retry import jittered
-from lockwarden.store.url import StoreURL, import_psycopg
+from lockwarden.store.url import StoreURL
 from lockwarden.store.wakeups import Told
 
 if TYPE_CHECKING:

@@ -58,8 +58,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from lockwarden.errors import StoreError
 from lockwarden.store import bounds, process
+from lockwarden.store.backends.postgresql.url import import_psycopg
 from lockwarden.store.retry import RETRY_DELAYS, jittered
-from lockwarden.store.url import StoreURL, import_psycopg
+from lockwarden.store.url import StoreURL
 
 if TYPE_CHECKING:
     import psycopg
