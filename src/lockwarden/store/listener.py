@@ -9,7 +9,8 @@ poke sent after the waiter's first attempt waits to be read; that wait lasts
 until the source has been tried (SQLite's file at once), and no longer than
 the waiter's time left; a thread that stops leaves the next wait to start
 another. How the thread reads its source, and when it stops (SQLite's never
-does before its store closes), is each backend's.
+does before its store closes), is each backend's; what it does when the source
+fails (`Listener.failed`: waiters poll, backing off with jitter) is shared.
 """
 
 from __future__ import annotations
@@ -18,17 +19,35 @@ import socket
 import threading
 from collections.abc import Callable
 
+from lockwarden import hooks
 from lockwarden.store import inbox
+from lockwarden.store.backends.base import STORE_LOG, Stats
+from lockwarden.store.retry import jittered
+from lockwarden.store.wakeups import Wakeups
+
+POLL_FALLBACK = 1.0
+"""Waiters look at least this often (before jitter) while a listener has no source."""
 
 
 class Listener:
     """One store's listening thread, started on demand (`Backend._watch`)."""
 
-    def __init__(self, tag: str, run: Callable[[], None], name: str, *, pokes: bool) -> None:
+    def __init__(
+        self,
+        tag: str,
+        run: Callable[[], None],
+        name: str,
+        *,
+        pokes: bool,
+        wakeups: Wakeups,
+        stats: Stats,
+    ) -> None:
         self._tag = tag
         self._run = run
         self._name = name
         self._pokes = pokes
+        self._wakeups = wakeups
+        self._stats = stats
         self.inbox: socket.socket | None = None
         """Where releases of this machine poke the store's waiters (None: not bound, or
         ``pokes`` false: no release can reach this store that way)."""
@@ -52,6 +71,19 @@ class Listener:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
         self.tried.wait(timeout)
+
+    def failed(self, failures: int, warning: str) -> float:
+        """The source failed, ``failures`` times in a row before this one: every waiter
+        looks now (a refused or dropped source slows waiters down but fails none of
+        them: one granted meanwhile finds its grant when it looks), and again after the
+        pause returned (doubling from 0.1 s, with jitter, up to `POLL_FALLBACK`), when the
+        thread tries the source again. ``warning`` is logged for the first failure only."""
+        if failures == 0:
+            hooks.logger(STORE_LOG).warning("%s", warning)
+        self.tried.set()
+        self._stats.add("listener_reconnects")
+        self._wakeups.wake_all()
+        return jittered(min(0.05 * 2 ** (failures + 1), POLL_FALLBACK))
 
     @property
     def started(self) -> bool:

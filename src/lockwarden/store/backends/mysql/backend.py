@@ -37,11 +37,9 @@ from contextlib import suppress
 from functools import cache
 from typing import Any, Final, TypeVar
 
-from lockwarden import hooks
 from lockwarden.errors import StoreError
 from lockwarden.store import bounds, inbox
 from lockwarden.store.backends.base import (
-    STORE_LOG,
     AcquireRequest,
     Attempt,
     FoughtOver,
@@ -387,7 +385,14 @@ class MySQLBackend(SQLBackend):
         self._knocks: queue.SimpleQueue[tuple[str, Params] | None] = queue.SimpleQueue()
         self._knocker: threading.Thread | None = None
         self._knocker_lock = threading.Lock()
-        self._listener = Listener(self._tag, self._listen, "lockwarden-doorbell", pokes=self.pokes)
+        self._listener = Listener(
+            self._tag,
+            self._listen,
+            "lockwarden-doorbell",
+            pokes=self.pokes,
+            wakeups=self.wakeups,
+            stats=self.stats,
+        )
         self._migrate((), _STEPS, opening)
 
     def _connect(self) -> Connection:
@@ -826,17 +831,13 @@ class MySQLBackend(SQLBackend):
                 finally:
                     conn.close()
             except self._driver.Error as exc:
-                if failures == 0:
-                    hooks.logger(STORE_LOG).warning(
-                        "lock store %s: no doorbell, waiters poll until it hangs again: %s",
-                        self.url.display,
-                        _describe(exc),
-                    )
-                self._listener.tried.set()
-                self.stats.add("listener_reconnects")
-                self.wakeups.wake_all()  # let waiters look (and meet the trouble themselves)
+                pause = self._listener.failed(
+                    failures,
+                    f"lock store {self.url.display}: no doorbell, waiters poll until it hangs "
+                    f"again: {_describe(exc)}",
+                )
                 failures += 1
-                self._closed.wait(min(0.05 * 2**failures, 2.0))
+                self._closed.wait(pause)
 
     def _listen_once(self, conn: Connection, seen: int | None) -> int | None:
         """Sleep on the doorbell until it rings (``seen``: the count last seen; None: just

@@ -25,11 +25,9 @@ from contextlib import suppress
 from functools import cache
 from typing import TYPE_CHECKING, Final, TypeVar
 
-from lockwarden import hooks
 from lockwarden.errors import StoreError
 from lockwarden.store import inbox, wakeups
 from lockwarden.store.backends.base import (
-    STORE_LOG,
     TAG_LENGTH,
     AcquireRequest,
     Attempt,
@@ -52,7 +50,6 @@ from lockwarden.store.backends.postgresql.url import import_psycopg
 from lockwarden.store.backends.sql import queries
 from lockwarden.store.backends.sql.base import SQLBackend
 from lockwarden.store.listener import Listener
-from lockwarden.store.retry import jittered
 from lockwarden.store.url import StoreURL
 from lockwarden.store.wakeups import Told
 
@@ -61,9 +58,6 @@ if TYPE_CHECKING:
 
 
 T = TypeVar("T")
-
-_POLL_FALLBACK = 1.0
-"""Waiters look at least this often (before jitter) while there is no LISTEN connection."""
 
 
 _LISTEN_POLL = 0.2
@@ -124,7 +118,14 @@ class PostgresBackend(SQLBackend):
         self._outbox = inbox.Outbox()
         self._closed = threading.Event()
         self._listening = threading.Event()
-        self._listener = Listener(self._tag, self._listen, "lockwarden-listen", pokes=self.pokes)
+        self._listener = Listener(
+            self._tag,
+            self._listen,
+            "lockwarden-listen",
+            pokes=self.pokes,
+            wakeups=self.wakeups,
+            stats=self.stats,
+        )
         self._migrate(
             (f"CREATE SCHEMA IF NOT EXISTS {url.schema}",),
             plpgsql.steps(url.schema),
@@ -330,9 +331,7 @@ class PostgresBackend(SQLBackend):
 
     def _listen(self) -> None:
         """Keep a LISTEN connection, and while there is none, poll: wake every waiter at
-        each reconnect attempt (backing off, with jitter, to `_POLL_FALLBACK`), so that a
-        refused or dropped LISTEN connection slows waiters down but fails none of them —
-        a waiter granted meanwhile finds its grant when it looks. Back on push as soon
+        each reconnect attempt (`Listener.failed`). Back on push as soon
         as LISTEN is in force again. End once nobody has waited for `_LISTEN_IDLE`."""
         names = plpgsql.channel(self.url.schema)
         requests = plpgsql.grant_channel(self._tag)
@@ -361,17 +360,13 @@ class PostgresBackend(SQLBackend):
                         self._listening.clear()
                     conn.close()
             except Exception as exc:  # a StoreError from connect, a psycopg.Error after
-                if failures == 0:
-                    hooks.logger(STORE_LOG).warning(
-                        "lock store %s: no LISTEN connection, waiters poll until it is back: %s",
-                        self.url.display,
-                        describe(self.url, exc),
-                    )
-                self._listener.tried.set()
-                self.stats.add("listener_reconnects")
-                self.wakeups.wake_all()  # let waiters look (the polling)
+                pause = self._listener.failed(
+                    failures,
+                    f"lock store {self.url.display}: no LISTEN connection, waiters poll until "
+                    f"it is back: {describe(self.url, exc)}",
+                )
                 failures += 1
-                self._closed.wait(jittered(min(0.05 * 2**failures, _POLL_FALLBACK)))
+                self._closed.wait(pause)
 
     def _receive(self, conn: Connection, requests: str) -> None:
         """Wait up to `_LISTEN_POLL` for notifications and pokes, and hand each to the

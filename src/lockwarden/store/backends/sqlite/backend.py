@@ -622,7 +622,14 @@ class SQLiteBackend(SQLBackend):
             end.setblocking(False)
         self.pokes = inbox.reachable()
         self._outbox = inbox.Outbox()
-        self._listener = Listener(self._tag, self._poll, "lockwarden-sqlite-poll", pokes=self.pokes)
+        self._listener = Listener(
+            self._tag,
+            self._poll,
+            "lockwarden-sqlite-poll",
+            pokes=self.pokes,
+            wakeups=self.wakeups,
+            stats=self.stats,
+        )
         self._contended = FoughtOver()
         """Names to acquire without trying `TAKE_IDLE` first: it takes the write lock only
         to find a name fought over taken, and the full attempt then takes it again (under
