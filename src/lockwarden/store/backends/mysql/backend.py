@@ -53,7 +53,6 @@ from lockwarden.store.backends.mysql.url import mysql_options
 from lockwarden.store.backends.sql import queries
 from lockwarden.store.backends.sql.algorithm import Engine, attempt, grant
 from lockwarden.store.backends.sql.base import BUCKETS, GRAPH_KEY, SQLBackend
-from lockwarden.store.listener import Listener
 from lockwarden.store.retry import RETRY_DELAYS, jittered
 from lockwarden.store.url import StoreURL
 from lockwarden.store.wakeups import Told
@@ -385,14 +384,7 @@ class MySQLBackend(SQLBackend):
         self._knocks: queue.SimpleQueue[tuple[str, Params] | None] = queue.SimpleQueue()
         self._knocker: threading.Thread | None = None
         self._knocker_lock = threading.Lock()
-        self._listener = Listener(
-            self._tag,
-            self._listen,
-            "lockwarden-doorbell",
-            pokes=self.pokes,
-            wakeups=self.wakeups,
-            stats=self.stats,
-        )
+        self._listener = self._listener_of(self._listen, "lockwarden-doorbell")
         self._migrate((), _STEPS, opening)
 
     def _connect(self) -> Connection:

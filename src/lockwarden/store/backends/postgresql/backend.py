@@ -49,7 +49,6 @@ from lockwarden.store.backends.postgresql.connections import (
 from lockwarden.store.backends.postgresql.url import import_psycopg
 from lockwarden.store.backends.sql import queries
 from lockwarden.store.backends.sql.base import SQLBackend
-from lockwarden.store.listener import Listener
 from lockwarden.store.url import StoreURL
 from lockwarden.store.wakeups import Told
 
@@ -118,14 +117,7 @@ class PostgresBackend(SQLBackend):
         self._outbox = inbox.Outbox()
         self._closed = threading.Event()
         self._listening = threading.Event()
-        self._listener = Listener(
-            self._tag,
-            self._listen,
-            "lockwarden-listen",
-            pokes=self.pokes,
-            wakeups=self.wakeups,
-            stats=self.stats,
-        )
+        self._listener = self._listener_of(self._listen, "lockwarden-listen")
         self._migrate(
             (f"CREATE SCHEMA IF NOT EXISTS {url.schema}",),
             plpgsql.steps(url.schema),

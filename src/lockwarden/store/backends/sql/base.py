@@ -12,6 +12,7 @@ from lockwarden.errors import StoreError
 from lockwarden.store.backends.base import TAG_LENGTH, Backend, Opening, Run, random_hex
 from lockwarden.store.backends.sql import schema
 from lockwarden.store.backends.sql.queries import Dialect
+from lockwarden.store.listener import Listener
 from lockwarden.store.url import StoreURL
 
 T = TypeVar("T")
@@ -58,6 +59,13 @@ class SQLBackend(Backend):
     def new_session_id(self) -> str:
         """Random, and ending with this store's tag (`_tag`)."""
         return random_hex(16) + self._tag
+
+    def _listener_of(self, run: Callable[[], None], name: str) -> Listener:
+        """The thread (named ``name``, running ``run``) that brings this store's wake-ups;
+        made once `pokes` is settled."""
+        return Listener(
+            self._tag, run, name, pokes=self.pokes, wakeups=self.wakeups, stats=self.stats
+        )
 
     @abstractmethod
     def _in_transaction(self, work: Callable[[Run], T]) -> T:

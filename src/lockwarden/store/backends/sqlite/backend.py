@@ -49,7 +49,6 @@ from lockwarden.store.backends.base import (
 from lockwarden.store.backends.sql import queries, schema
 from lockwarden.store.backends.sql.algorithm import Engine, attempt, grant
 from lockwarden.store.backends.sql.base import SQLBackend
-from lockwarden.store.listener import Listener
 from lockwarden.store.url import StoreURL
 from lockwarden.store.wakeups import Told
 
@@ -622,14 +621,7 @@ class SQLiteBackend(SQLBackend):
             end.setblocking(False)
         self.pokes = inbox.reachable()
         self._outbox = inbox.Outbox()
-        self._listener = Listener(
-            self._tag,
-            self._poll,
-            "lockwarden-sqlite-poll",
-            pokes=self.pokes,
-            wakeups=self.wakeups,
-            stats=self.stats,
-        )
+        self._listener = self._listener_of(self._poll, "lockwarden-sqlite-poll")
         self._contended = FoughtOver()
         """Names to acquire without trying `TAKE_IDLE` first: it takes the write lock only
         to find a name fought over taken, and the full attempt then takes it again (under
