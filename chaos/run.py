@@ -50,7 +50,7 @@ nemesis kills the leader half the time."""
 LEASE_LATE = {"etcd": 1.5 + LEASE_RENEWED["etcd"]}
 """Seconds a dead session may still count as live after its TTL, by backend: on etcd,
 leases count whole seconds and the leader looks for expired ones every half second (up to
-1.5 s late, store's ETCD.md), besides `LEASE_RENEWED`. The final clean waits that much
+1.5 s late, the etcd backend's README.md), besides `LEASE_RENEWED`. The final clean waits that much
 longer, or it would find live what is only late."""
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,5 +1,6 @@
-"""etcd's grant on release (ETCD.md, "Grant on release"): what it costs, and the waiter it
-hands the lock to. Its rules of who is let in are the shared ones of `test_grant.py`."""
+"""etcd's grant on release (the etcd backend's design note, "Grant on release"): what
+it costs, and the waiter it hands the lock to. Its rules of who is let in are the shared
+ones of `test_grant.py`."""
 
 from __future__ import annotations
 

@@ -3,8 +3,9 @@
 A request sent to a member that then stops answering (paused, cut off) is sent
 again to another member; the first copy may still be applied when the member
 comes back, after the client has moved on. Each test here applies such a copy
-itself, at the worst moment (ETCD.md, "Writes that arrive late"): the copy must
-fail, and nothing may be held or queued for a request that has ended.
+itself, at the worst moment (the etcd backend's design note, "Writes that arrive
+late"): the copy must fail, and nothing may be held or queued for a request that has
+ended.
 """
 
 from __future__ import annotations

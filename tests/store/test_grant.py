@@ -309,7 +309,10 @@ def test_a_hand_off_tells_the_holding_waiters_behind_only_if_its_grantee_still_w
     session still waits for something: through a session that waits for nothing, a
     grant completes no cycle, and a release need not read every waiter's holdings."""
     if grants_one(store):
-        pytest.skip("etcd decides whom a hand-off wakes by its own rule (ETCD.md)")
+        pytest.skip(
+            "etcd decides whom a hand-off wakes by its own rule "
+            "(src/lockwarden/store/backends/etcd/README.md)"
+        )
     holder, one, two = (store.session(app_id=x, ttl=30) for x in ("holder", "one", "two"))
     held = holder.lock("q")
     two.lock("elsewhere")

@@ -171,7 +171,7 @@ class AcquireRequest(NamedTuple):
 
 
 class Attempt(NamedTuple):
-    """What one attempt found, identical from both backends."""
+    """What one attempt found, the same from every backend."""
 
     status: str
     """"granted", "blocked", "lost" (our session is not live) or "deadlock"."""

@@ -1,4 +1,4 @@
-"""The lock store on an etcd v3 cluster (its design note: ETCD.md in this package).
+"""The lock store on an etcd v3 cluster (its design note: README.md in this package).
 
 The same algorithm as the SQL backends, on etcd's primitives: a session is a
 lease, a holder or waiter row is a key, the fencing token is the revision
@@ -90,7 +90,7 @@ class EtcdBackend(Backend):
         self._leases: dict[str, int] = {}  # this process's sessions -> their lease ids
         self._late: dict[str, int] = {}
         """Sessions of this process that may have a grant or queue entry still on its way
-        (ETCD.md, "Writes that arrive late") -> the latest revision such a write was
+        (README.md, "Writes that arrive late") -> the latest revision such a write was
         decided on; the end of a request voids them (`_end`)."""
         self._late_lock = threading.Lock()
         self._contended = FoughtOver()
@@ -203,7 +203,7 @@ class EtcdBackend(Backend):
             watcher.close()
         self._kv.close()
 
-    # -- acquire (ETCD.md, "Acquire") -----------------------------------------------------
+    # -- acquire (README.md, "Acquire") -----------------------------------------------------
 
     def acquire(self, request: AcquireRequest) -> Attempt:
         self.stats.add("attempts")
@@ -321,7 +321,7 @@ class EtcdBackend(Backend):
         is tried again, and batches stay within etcd's limit of operations. A
         transaction resent after its answer was lost fails its guards, so nothing is
         counted twice; one that then finds its keys gone counts as ours, as a release
-        does (ETCD.md, "Release, break, release_all, clean").
+        does (README.md, "Release, break, release_all, clean").
         """
         count = self._p + "r"
         by_key = {self._holder_key(r["name"], r["request_id"]): r for r in dead}
@@ -350,7 +350,7 @@ class EtcdBackend(Backend):
 
     def _live_since(self, session_id: str, revision: int) -> list[Op]:
         """Guards that the session is live and has ended no request since ``revision``: a
-        write sent before one of its requests ended fails if it arrives after (ETCD.md,
+        write sent before one of its requests ended fails if it arrives after (README.md,
         "Writes that arrive late")."""
         return [
             exists(self._session_key(session_id)),
@@ -515,7 +515,7 @@ class EtcdBackend(Backend):
 
     def _hand_over(self, session_id: str, request_id: str, name: str) -> tuple[Txn, bool]:
         """Release one name and, in the same transaction, grant the first waiter the release
-        lets in (ETCD.md, "Grant on release").
+        lets in (README.md, "Grant on release").
 
         Nobody waiting, it is one transaction, conditional on the queue being empty;
         if it is not, that transaction reads the queue instead of releasing. A name
@@ -610,7 +610,7 @@ class EtcdBackend(Backend):
     def _quiet_mark(self, name: str, granted: KV, waiters: Sequence[KV], state: Txn) -> list[Op]:
         """The quiet mark of a grant of ``name`` to the waiter ``granted``, as the first
         operation of its transaction, when the grant may leave the name's other waiters
-        nothing to do (ETCD.md, "Quiet hand-overs"); else nothing.
+        nothing to do (README.md, "Quiet hand-overs"); else nothing.
 
         The grant must be a write with a write cap of one: every other request for
         the name is then blocked by it. The mark is written only if, as the
@@ -655,7 +655,7 @@ class EtcdBackend(Backend):
         """End a request: delete its keys, and, if a grant or queue entry of its session may
         still be on its way (`_send_guarded`), rewrite the session's ends key (on lease
         ``lease``; None: a session of another process, or closed) while the session lives,
-        so that such a write fails its guard when it arrives (ETCD.md, "Writes that arrive
+        so that such a write fails its guard when it arrives (README.md, "Writes that arrive
         late"). One transaction: a copy applied before it is deleted, one applied after
         fails. Without a write on its way, nothing can arrive late: only the deletions."""
         ops = self._request_keys_deleted(session_id, request_id, names)
@@ -725,7 +725,7 @@ class EtcdBackend(Backend):
         return names
 
     def _close_session(self, p: Params) -> list[Names]:
-        """End the session, then delete its holder keys (ETCD.md, "Release, break, …").
+        """End the session, then delete its holder keys (README.md, "Release, break, …").
 
         The lease goes first: a grant to one of the session's requests (a thread still
         waiting as the session closes) is guarded by the session key, so it either
@@ -803,7 +803,7 @@ class EtcdBackend(Backend):
     def _set_permits(self, p: Params) -> list[Names]:
         """Set (or, to the defaults, delete) a name's permits key, as a compare-and-swap on
         it: a copy of an earlier change that arrives late finds the key changed since and
-        fails, instead of bringing back caps an administrator had changed since (ETCD.md,
+        fails, instead of bringing back caps an administrator had changed since (README.md,
         "Writes that arrive late")."""
         name = str(p["name"])
         key = f"{self._p}p/{_q(name)}"
@@ -988,7 +988,7 @@ class EtcdBackend(Backend):
 
         Guarded by the key as read: a copy that arrives late, after holders wrote
         through the fence again, must not forget their tokens (which would admit an
-        older holder's write; ETCD.md, "Writes that arrive late"). A copy resent after
+        older holder's write; README.md, "Writes that arrive late"). A copy resent after
         its answer was lost finds the key gone: the first copy did it."""
         key = f"{self._p}f/{_q(str(p['resource']))}"
         ours: list[Row] = []

@@ -193,7 +193,7 @@ def _maybe_applied(exc: Exception) -> bool:
     member refused the connection (nothing was sent), it may. A connection reset after
     the request went out (a member killed under it), a timeout (a paused member), or
     etcd's 503 ("request timed out", "leader changed": the proposal was made) all leave
-    a request that the cluster can apply, even later (ETCD.md, "Writes that arrive late").
+    a request that the cluster can apply, even later (README.md, "Writes that arrive late").
     etcd3gw raises its own exception inside its handler of the `requests` one, whose
     reason says what happened; an answer cut short comes as `requests`' own."""
     failure = exc if isinstance(exc, requests.exceptions.RequestException) else exc.__context__

@@ -53,6 +53,7 @@ from lockwarden.store.backends.mysql.url import mysql_options
 from lockwarden.store.backends.sql import queries
 from lockwarden.store.backends.sql.algorithm import Engine, attempt, grant
 from lockwarden.store.backends.sql.base import BUCKETS, GRAPH_KEY, SQLBackend
+from lockwarden.store.backends.sql.calm import CalmRelease
 from lockwarden.store.retry import RETRY_DELAYS, jittered
 from lockwarden.store.url import StoreURL
 from lockwarden.store.wakeups import Told
@@ -363,7 +364,7 @@ def bucket(name: str) -> int:
     return zlib.crc32(name.encode()) & (BUCKETS - 1)
 
 
-class MySQLBackend(SQLBackend):
+class MySQLBackend(CalmRelease, SQLBackend):
     dialect = DIALECT
 
     def __init__(self, url: StoreURL, *, opening: Opening = "create") -> None:
@@ -661,13 +662,9 @@ class MySQLBackend(SQLBackend):
                 if not cur.nextset():
                     return found
 
-    def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
-        # As `_TAKE_IDLE` for an acquire: one round trip where nobody waits.
-        resent = False
-        if len(names) == 1 and names[0] not in self._contended:
-            released, resent = self._release_idle(session_id, request_id, names[0])
-            if released:
-                return 1
+    def _release_contended(
+        self, session_id: str, request_id: str, names: Sequence[str]
+    ) -> tuple[int, int]:
         params = {"session": session_id, "request": request_id, "names": names}
         # The first round trip opens the transaction, locks the buckets, deletes the
         # grant and any queue entries, and asks whether anyone waits for the names.
@@ -705,9 +702,7 @@ class MySQLBackend(SQLBackend):
             self._ring_now(_sessions(unreached))
         if rung:
             self._knock(_SESSION_PROCESS, {"sessions": _sessions(told), "near": self._near})
-        # As on PostgreSQL: a release resent after its connection dropped finds
-        # nothing when the first one committed, and counts as released.
-        return len(names) if (sent > 1 or resent) and deleted == 0 else deleted
+        return deleted, sent
 
     def _release_idle(self, session_id: str, request_id: str, name: str) -> tuple[bool, bool]:
         """`queries.RELEASE_IDLE` in the round trip that opens its transaction, locks the

@@ -49,6 +49,7 @@ from lockwarden.store.backends.postgresql.connections import (
 from lockwarden.store.backends.postgresql.url import import_psycopg
 from lockwarden.store.backends.sql import queries
 from lockwarden.store.backends.sql.base import SQLBackend
+from lockwarden.store.backends.sql.calm import CalmRelease
 from lockwarden.store.url import StoreURL
 from lockwarden.store.wakeups import Told
 
@@ -93,7 +94,7 @@ _NOTIFY = (
 """What a release could not poke, notified instead (`PostgresBackend._tell`)."""
 
 
-class PostgresBackend(SQLBackend):
+class PostgresBackend(CalmRelease, SQLBackend):
     def __init__(self, url: StoreURL, *, relaxed: bool, opening: Opening = "create") -> None:
         super().__init__(url)
         self._psycopg = import_psycopg()
@@ -237,15 +238,9 @@ class PostgresBackend(SQLBackend):
         )
         return Attempt.from_dict(rows[0]["result"])
 
-    def release(self, session_id: str, request_id: str, names: Sequence[str]) -> int:
-        resent = False
-        if len(names) == 1 and names[0] not in self._contended:
-            released, resent = self._release_idle(session_id, request_id, names[0])
-            if released:
-                return 1
-            # Someone waits (or the lock was lost): as after a release that lets
-            # someone in, the name counts as fought over.
-            self._contended.note(names, True)
+    def _release_contended(
+        self, session_id: str, request_id: str, names: Sequence[str]
+    ) -> tuple[int, int]:
         sent = 0
 
         def work(conn: Connection) -> tuple[int, str | None]:
@@ -273,10 +268,7 @@ class PostgresBackend(SQLBackend):
         deleted, pokes = self._run(work)
         if pokes or sent > 1:
             self._tell(pokes, names if sent > 1 else ())
-        # A release resent after its connection dropped finds nothing when the
-        # first one committed; it cannot tell that from a lock lost meanwhile,
-        # and the first is by far the likelier, so it counts as released.
-        return len(names) if (sent > 1 or resent) and deleted == 0 else deleted
+        return deleted, sent
 
     def _release_idle(self, session_id: str, request_id: str, name: str) -> tuple[bool, bool]:
         """`queries.RELEASE_IDLE` under the name's lock (a waiter queueing meanwhile is

@@ -1,7 +1,8 @@
-"""SQL text shared by both backends.
+"""SQL text shared by the SQL backends.
 
-Every statement here runs unchanged on SQLite and on PostgreSQL (as a plain
-statement, or embedded in the PL/pgSQL functions of `plpgsql`). A statement
+Every statement here runs on SQLite, PostgreSQL and MySQL (as a plain
+statement, embedded in PostgreSQL's PL/pgSQL functions (`plpgsql`), or
+rewritten where MySQL's grammar differs (`mysql.backend._rewrite`)). A statement
 is written once, with holes that `Dialect.render` fills:
 
 - ``{p}``: the table prefix (``schema.`` on PostgreSQL, nothing on SQLite);

@@ -1,9 +1,10 @@
 """The store's tables, and the migrations that create and upgrade them.
 
-The table DDL is one text for both backends: SQLite accepts PostgreSQL's type
-names (with the matching affinities) and ``TRUE``/``FALSE``. What only one
-backend has (sequences and functions on PostgreSQL, counters on SQLite) is
-added by that backend's steps.
+The table DDL is one text for the SQL backends: SQLite accepts PostgreSQL's type
+names (with the matching affinities) and ``TRUE``/``FALSE``, and MySQL's
+rewriting fills in what its grammar lacks. What only one backend has (sequences
+and functions on PostgreSQL, counters on SQLite, bucket rows on MySQL) is added
+by that backend's steps.
 
 Versions and rolling upgrades. ``lw_meta`` keeps the version reached
 (``schema_version``) and the oldest version whose clients can still use the
