@@ -2,10 +2,9 @@
 
 A request is sent again to the next member when one fails; whether the first
 copy may still be applied decides how the answer is read (a release that finds
-nothing, a reclaim's count) and whether a grant may arrive late (the etcd backend's design
-note,
-"Writes that arrive late"). Only a refused connection sent nothing. Each test
-puts a misbehaving member, a real socket on loopback, before a real one.
+nothing, a reclaim's count) and whether a grant may arrive late (the etcd backend's
+design note, "Writes that arrive late"). Only a refused connection sent nothing. Each
+test puts a misbehaving member, a real socket on loopback, before a real one.
 """
 
 from __future__ import annotations
