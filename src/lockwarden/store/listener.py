@@ -85,6 +85,13 @@ class Listener:
         self._wakeups.wake_all()
         return jittered(min(0.05 * 2 ** (failures + 1), POLL_FALLBACK))
 
+    def hand_on(self, ready: list[socket.socket]) -> None:
+        """Hand each poke waiting in ``ready`` (the inbox, or sockets of the thread's own)
+        to the waiter it names; an empty datagram only woke the thread."""
+        for message in inbox.drain(ready):
+            if message:
+                self._wakeups.deliver(message.decode(errors="replace"))
+
     @property
     def started(self) -> bool:
         """Whether a thread was started and has not stopped."""

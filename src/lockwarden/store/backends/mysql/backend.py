@@ -841,8 +841,7 @@ class MySQLBackend(CalmRelease, SQLBackend):
         while box is not None:  # hand on the pokes that come before the answer
             ready = select.select([answer, box], [], [])[0]
             if box in ready:
-                for message in inbox.drain([box]):
-                    self.wakeups.deliver(message.decode(errors="replace"))
+                self._listener.hand_on([box])
             if answer in ready:
                 break
         try:

@@ -359,8 +359,7 @@ class PostgresBackend(CalmRelease, SQLBackend):
         fds = [pg] if box is None else [pg, box.fileno()]
         ready, _, _ = select.select(fds, [], [], _LISTEN_POLL)
         if box is not None and box.fileno() in ready:
-            for message in inbox.drain([box]):
-                self.wakeups.deliver(message.decode(errors="replace"))
+            self._listener.hand_on([box])
         if pg in ready:
             for note in conn.notifies(timeout=0):
                 if note.channel == requests:

@@ -837,9 +837,7 @@ class SQLiteBackend(SQLBackend):
             ready, _, _ = select.select(sources, [], [], interval if self.wakeups.waiting else None)
             if self._kicks[0] in ready:
                 interval = POLL_MIN
-            for message in inbox.drain(ready):
-                if message:  # a poke from a release (`_poke`); empty: a kick
-                    self.wakeups.deliver(message.decode(errors="replace"))
+            self._listener.hand_on(ready)  # pokes from releases (`_poke`), and kicks
             if self._closed.is_set() or not self.wakeups.waiting:
                 continue
             try:
