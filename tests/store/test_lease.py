@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from lockwarden import LockLost
 from lockwarden.store import Store, lease
-from lockwarden.store.backends.sql import queries
 from lockwarden.store.lease import LeaseTimer
 from tests.conftest import Background, wait_for
 
@@ -91,18 +90,17 @@ def blocking(store: Store) -> tuple[threading.Event, Callable[[], None]]:
     holds the heartbeat thread, with nothing else of the store cut off)."""
     backend = store._backend
     release = threading.Event()
-    query = backend.query
+    heartbeat = backend.heartbeat
 
-    def held_up(sql: str, *args: object, **kwargs: object) -> object:
-        if sql is queries.HEARTBEAT:
-            release.wait(30)
-        return query(sql, *args, **kwargs)  # type: ignore[arg-type]
+    def held_up(session: str) -> list[dict[str, object]]:
+        release.wait(30)
+        return heartbeat(session)
 
-    backend.query = held_up  # type: ignore[method-assign]
+    backend.heartbeat = held_up  # type: ignore[method-assign]
 
     def restore() -> None:
         release.set()
-        backend.query = query  # type: ignore[method-assign]
+        backend.heartbeat = heartbeat  # type: ignore[method-assign]
 
     return release, restore
 

@@ -36,7 +36,6 @@ from typing import Protocol
 from lockwarden.errors import LockLost, LockUsageError
 from lockwarden.store import validate
 from lockwarden.store.backends.base import Backend
-from lockwarden.store.backends.sql import queries
 
 
 class _Claim(Protocol):
@@ -83,7 +82,7 @@ class Fence:
 
     def state(self) -> tuple[int, str | None]:
         """The highest token admitted (0 if none) and the value, without admitting anything."""
-        rows = self._backend.query(queries.FENCE_READ, {"resource": self.resource})
+        rows = self._backend.fence_read(self.resource)
         return (rows[0]["token"], rows[0]["value"]) if rows else (0, None)
 
     def _advance(self, access: Access, value: str | None, *, write: bool) -> str | None:
@@ -97,23 +96,19 @@ class Fence:
                 f"a fence takes a fencing token (an integer) or the lock that carries it "
                 f"(a HeldLock or Stamp), got {access!r}"
             )
-        rows = self._backend.query(
-            queries.FENCE_ADVANCE,
-            {
-                "resource": self.resource,
-                "token": token,
-                "value": value,
-                "write": write,
-                "session": session,
-                "request": request,
-            },
-            write=True,
+        rows = self._backend.fence_advance(
+            resource=self.resource,
+            token=token,
+            value=value,
+            write=write,
+            session=session,
+            request=request,
         )
         if rows:
             value_now: str | None = rows[0]["value"]
             return value_now
         what = "write" if write else "read"
-        found = self._backend.query(queries.FENCE_READ, {"resource": self.resource})
+        found = self._backend.fence_read(self.resource)
         newer = found and (found[0]["token"] if write else found[0]["written"]) > token
         if not newer:  # so the lock check failed
             raise LockLost(

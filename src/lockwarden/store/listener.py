@@ -107,11 +107,16 @@ class Listener:
             self._thread = None
             self.tried.clear()
 
-    def close(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for the thread to end (the backend has told it to), and
-        close the inbox."""
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the thread to end; whether it has (or none ran)."""
         thread = self._thread
         if thread is not None:
             thread.join(timeout)
-        if self.inbox is not None:
+            return not thread.is_alive()
+        return True
+
+    def close(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the thread to end (the backend has told it to), and
+        close the inbox — not under a thread still reading it."""
+        if self.join(timeout) and self.inbox is not None:
             self.inbox.close()

@@ -35,7 +35,6 @@ from lockwarden.errors import (
 from lockwarden.modes import Mode
 from lockwarden.store import bounds, lease, process, validate
 from lockwarden.store.backends.base import STORE_LOG, random_hex
-from lockwarden.store.backends.sql import queries
 from lockwarden.store.retry import jittered
 from lockwarden.store.waiting import Grant, Want, acquire, acquire_steps, describe, give_back
 
@@ -101,19 +100,15 @@ class Session:
         self._release_failures = 0
         self._next_retry = math.inf
         t0, sent = time.monotonic(), lease.now()
-        rows = self._backend.query(
-            queries.OPEN_SESSION,
-            {
-                "session": self.id,
-                "app_id": app_id,
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "pid_start": process.identity(),
-                "ttl": ttl,
-            },
-            write=True,
+        row = self._backend.open_session(
+            session=self.id,
+            app_id=app_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            pid_start=process.identity(),
+            ttl=ttl,
         )
-        self._started = rows[0]["started"]
+        self._started = row["started"]
         self._deadline = lease.deadline(sent, ttl)
         """When (`lease.now`) the lease runs out unless a heartbeat moves it on."""
         self._next_beat = t0 + self._interval
@@ -455,9 +450,7 @@ class Session:
         names = [g.name for g in stamp.locks]
         try:  # an answer after the lease's end would prove nothing: wait no longer for one
             with bounds.within(self._deadline - lease.now()):
-                row = self._backend.query(
-                    queries.CHECK, {"session": self.id, "request": stamp.id, "names": names}
-                )[0]
+                row = self._backend.check(self.id, stamp.id, names)
         except StoreError:
             self._expire_lease()
             if self._lost is not None:
@@ -556,7 +549,7 @@ class Session:
         self._store._forget(self)
         if self._lost is not None:  # on_lost fires even if its reporter had no time to
             self._report_loss(expire=False)  # the rows go below
-        self._backend.change(queries.CLOSE_SESSION, {"session": self.id})
+        self._backend.close_session(self.id)
 
     def __enter__(self) -> Session:
         return self
@@ -645,7 +638,7 @@ class Session:
         if not expire or self._closed:
             return
         try:  # its rows stop counting now, not when the database's clock passes the TTL
-            self._backend.change(queries.EXPIRE_SESSION, {"session": self.id})
+            self._backend.expire_session(self.id)
         except Exception as exc:
             hooks.logger(STORE_LOG).info("could not mark lost session %r expired: %s", self, exc)
 
@@ -713,7 +706,7 @@ class Session:
         """
         t0, sent = time.monotonic(), lease.now()
         with bounds.within(min(self._interval / 2, self._deadline - sent)):
-            rows = self._backend.query(queries.HEARTBEAT, {"session": self.id}, write=True)
+            rows = self._backend.heartbeat(self.id)
         if not rows:
             raise self._lose(
                 "the database no longer has the session as live (a heartbeat came too late, "

@@ -17,7 +17,6 @@ from lockwarden.errors import (
 from lockwarden.modes import Mode
 from lockwarden.store import open_stores, validate
 from lockwarden.store.backends.base import Backend, Stats, random_hex
-from lockwarden.store.backends.sql import queries
 from lockwarden.store.fence import Fence
 from lockwarden.store.heartbeat import Heartbeat
 from lockwarden.store.lease import LeaseTimer
@@ -192,10 +191,6 @@ class Store:
         # Only holders in a raised mode could find another beside them that their cap
         # kept out (readers and writers exclude each other whatever the caps).
         held = not force and any(not e.stale and e.mode in raised for e in self.locks(name))
-        statements = (
-            queries.RESET_PERMITS if (read_n, write_n) == (None, 1) else queries.SET_PERMITS
-        )
-        params = {"name": name, "read": read_n, "write": write_n}
         if held:
             with self.session(_ADMIN_APP, ttl=15.0) as admin:
                 try:
@@ -210,9 +205,9 @@ class Store:
                         blockers=exc.blockers,
                     ) from None
                 with drained:
-                    self._backend.change(statements, params)
+                    self._backend.set_permits(name, read_n, write_n)
         else:
-            self._backend.change(statements, params)
+            self._backend.set_permits(name, read_n, write_n)
         if raised:
             how = "forced while held" if force else "after the holders left" if held else "not held"
             self._record(
@@ -223,7 +218,7 @@ class Store:
 
     def permits(self, name: str) -> Permits:
         """The caps `set_permits` gave ``name`` (the defaults if it never did)."""
-        rows = self._backend.query(queries.PERMITS, {"name": validate.name(name)})
+        rows = self._backend.permits(validate.name(name))
         if not rows:
             return Permits(read=None, write=1)
         return Permits(read=rows[0]["read_permits"], write=rows[0]["write_permits"])
@@ -241,14 +236,10 @@ class Store:
         """
         app_id = validate.name(app_id, "app_id")
         force = validate.flag(force, "force")
-        params = {"app_id": app_id, "force": force}
-        self._backend.change(queries.EXPIRE_APP, params)
-        _, holders = self._backend.change(queries.RELEASE_EXPIRED_OF_APP, params)
+        holders = self._backend.release_app(app_id, force)
         if force or holders:
-            self._record(
-                "release_all", app_id, f"locks released: {len(holders)}{' (forced)' * force}"
-            )
-        return len(holders)
+            self._record("release_all", app_id, f"locks released: {holders}{' (forced)' * force}")
+        return holders
 
     def break_lock(self, name: str) -> int:
         """Remove every holder of ``name`` (an administrator's override); returns how many.
@@ -258,7 +249,7 @@ class Store:
         and recorded (`admin_log`).
         """
         name = validate.name(name)
-        removed = len(self._backend.change(queries.BREAK_LOCK, {"name": name})[0])
+        removed = self._backend.break_lock(name)
         self._record("break_lock", name, f"{removed} holders removed")
         return removed
 
@@ -270,8 +261,7 @@ class Store:
         next holder's token is admitted again. Logged and recorded (`admin_log`).
         """
         resource = validate.name(resource, "fence resource")
-        rows = self._backend.query(queries.FENCE_RESET, {"resource": resource}, write=True)
-        highest = int(rows[0]["token"]) if rows else 0
+        highest = self._backend.fence_reset(resource)
         self._record("reset_fence", resource, f"forgot token {highest}")
         return highest
 
@@ -282,7 +272,7 @@ class Store:
             raise LockUsageError(
                 f"limit must be an integer from 1 to 1000000, got {validate.shown(limit)}"
             )
-        rows = self._backend.query(queries.ADMIN_LOG, {"limit": limit})
+        rows = self._backend.admin_log(limit)
         return [
             AdminAction(
                 r["action"], r["subject"], r["detail"], r["host"], r["pid"], r["now"] - r["at"]
@@ -293,8 +283,7 @@ class Store:
     def admin_counts(self) -> dict[str, int]:
         """How many overrides of each kind (`AdminAction.action`) the store has recorded,
         ever: the counters behind ``lockwarden_overrides_total`` in the metrics."""
-        rows = self._backend.query(queries.ADMIN_COUNTS)
-        return {r["action"]: int(r["n"]) for r in rows}
+        return self._backend.admin_counts()
 
     def reclaimed_count(self) -> int:
         """How many locks of dead holders acquirers have taken over, ever, across the store:
@@ -305,34 +294,28 @@ class Store:
         or still had to wait. Locks that `clean`, `break_lock` or `release_all` remove are
         not reclaims: nobody took them over (the last two are `admin_counts`).
         """
-        rows = self._backend.query(queries.RECLAIMED)
-        return int(rows[0]["value"]) if rows else 0
+        return self._backend.reclaimed()
 
     def _record(self, action: str, subject: str, detail: str) -> None:
         """Log an administrator's override and keep it in the store (`admin_log`)."""
         hooks.logger(ADMIN_LOG).info("%s %r on %s: %s", action, subject, self.url, detail)
-        self._backend.query(
-            queries.RECORD_ADMIN,
-            {
-                "id": random_hex(16),
-                "action": action,
-                "subject": subject,
-                "detail": detail,
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-            },
-            write=True,
+        self._backend.record_admin(
+            id=random_hex(16),
+            action=action,
+            subject=subject,
+            detail=detail,
+            host=socket.gethostname(),
+            pid=os.getpid(),
         )
 
     def clean(self) -> Cleaned:
         """Remove expired sessions with their locks and waits, and waits past their deadline."""
-        self._backend.query(queries.EXPIRE_STALE, write=True)
-        waiters, holders, sessions = self._backend.change(queries.CLEAN, {})
-        return Cleaned(sessions=len(sessions), locks=len(holders), waiters=len(waiters))
+        sessions, holders, waiters = self._backend.clean()
+        return Cleaned(sessions=sessions, locks=holders, waiters=waiters)
 
     def locks(self, name: str | None = None) -> list[LockEntry]:
         """Every granted lock (or those on ``name``), stale ones included and flagged."""
-        rows = self._backend.query(queries.LOCKS, {"name": _optional_name(name)})
+        rows = self._backend.locks(_optional_name(name))
         return [
             LockEntry(r["name"], Mode(r["mode"]), r["token"], holder_of(r), bool(r["stale"]))
             for r in rows
@@ -340,14 +323,14 @@ class Store:
 
     def waiters(self, name: str | None = None) -> list[WaiterEntry]:
         """Every queued request (or those on ``name``), in queue order per name."""
-        rows = self._backend.query(queries.WAITERS, {"name": _optional_name(name)})
+        rows = self._backend.waiters(_optional_name(name))
         return [
             WaiterEntry(**r | {"mode": Mode(r["mode"]), "stale": bool(r["stale"])}) for r in rows
         ]
 
     def sessions(self) -> list[SessionEntry]:
         """Every session the store knows, live or not (expired ones until `clean` removes them)."""
-        rows = self._backend.query(queries.SESSIONS)
+        rows = self._backend.sessions()
         return [SessionEntry(**r | {"live": bool(r["live"])}) for r in rows]
 
     def waits_for(self) -> list[WaitEdge]:
@@ -356,7 +339,7 @@ class Store:
         A cycle in it is a deadlock that the next attempt of one of its
         sessions will break (design note, "Deadlocks across sessions").
         """
-        rows = self._backend.query(queries.WAITS_FOR)
+        rows = self._backend.waits_for()
         return [WaitEdge(r["src"], r["dst"], r["name"]) for r in rows]
 
     def fence(self, resource: str) -> Fence:

@@ -41,7 +41,6 @@ from lockwarden.errors import (
 from lockwarden.modes import Mode
 from lockwarden.store import process
 from lockwarden.store.backends.base import AcquireRequest, Attempt, Backend, Row
-from lockwarden.store.backends.sql import queries
 from lockwarden.store.inbox import MailboxSubscription
 from lockwarden.store.status import holder_of
 from lockwarden.store.validate import MAX_WAIT
@@ -348,10 +347,7 @@ def _granted_meanwhile(backend: Backend, want: Want) -> Woken:
     One read, outside every name's lock: a grant is final until its holder releases it.
     """
     names = [name for name, _ in want.items]
-    rows = backend.query(
-        queries.GRANTED,
-        {"request": want.request_id, "session": want.session_id, "names": names},
-    )
+    rows = backend.granted(want.request_id, want.session_id, names)
     tokens = {row["name"]: row["token"] for row in rows}
     return tuple(tokens[name] for name in names) if len(tokens) == len(names) else False
 
@@ -371,16 +367,7 @@ def _look(backend: Backend, want: Want, queued: Attempt) -> Attempt | None:
     rows = tuple(
         row
         for name, mode in want.items
-        for row in backend.query(
-            queries.IN_THE_WAY,
-            {
-                "request": want.request_id,
-                "name": name,
-                "mode": mode.value,
-                "seq": queued.seq,
-                "refuse": want.refuse,
-            },
-        )
+        for row in backend.in_the_way(want.request_id, name, mode.value, queued.seq, want.refuse)
     )
     stale = not want.refuse and any(r["kind"] == "holder" and not r["live"] for r in rows)
     return None if stale or not rows else Attempt("blocked", rows=rows)
@@ -428,7 +415,7 @@ def _expire_gone(backend: Backend, rows: Sequence[Row]) -> Steps[bool]:
     (design note, "A holder whose process is gone"); whether there were any."""
     gone = {r["session_id"] for r in rows if r["live"] and process.gone(r)}
     for session_id in sorted(gone):
-        yield Call(partial(backend.change, queries.EXPIRE_SESSION, {"session": session_id}))
+        yield Call(partial(backend.expire_session, session_id))
     return bool(gone)
 
 

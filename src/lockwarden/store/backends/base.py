@@ -1,10 +1,11 @@
-"""What a storage backend provides, and what the SQL backends share.
+"""The seam between the store and its backends: what a backend provides.
 
 A backend knows how to reach its database and how to run the acquire and
-release algorithm of the design note in one transaction; everything else the
-store does is shared SQL (`queries`) run through the few primitives below.
-The statements of `queries` are also the names of those operations: a
-backend without SQL (`etcd`) maps each statement it is given to code of its own.
+release algorithm of the design note in one transaction, and every other
+operation the store needs (sessions, listings, administrators' overrides,
+fences) is a named method of `Backend` with typed arguments. The SQL backends
+implement them once, with the shared statements (`sql.base.SQLBackend`); etcd
+with transactions of its own. No backend sees another's statements.
 """
 
 from __future__ import annotations
@@ -219,15 +220,137 @@ class Backend(ABC):
         self.wakeups = Wakeups(self._watch)
 
     # -- what each backend provides -------------------------------------------------
+    #
+    # The seam: named operations, each one transaction of the store (or a read). The
+    # SQL backends run the shared statements of `sql.queries` for them
+    # (`sql.base.SQLBackend`); etcd runs transactions of its own. Rows are dicts with
+    # the columns the docstring names. An operation that may let waiters in (a
+    # session closed or expired, locks broken or released, permits changed) wakes the
+    # waiters of every name it frees, here and in other processes.
 
     @abstractmethod
-    def query(self, sql: str, params: Params | None = None, *, write: bool = False) -> list[Row]:
-        """Run one shared statement on its own (in its own transaction if it writes)."""
+    def open_session(
+        self, *, session: str, app_id: str, host: str, pid: int, pid_start: str | None, ttl: float
+    ) -> Row:
+        """Record a live session. Row: ``started`` (what the session compares at each
+        heartbeat to notice a server that restarted; constant where nothing restarts)."""
 
     @abstractmethod
-    def change(self, statements: Sequence[str], params: Params) -> list[list[str | None]]:
-        """Run statements that may let waiters in, atomically, and wake the waiters
-        of every name they return. Returns each statement's ``name`` column."""
+    def heartbeat(self, session: str) -> list[Row]:
+        """Move the session's lease on. No row: the session is not live any more. Row:
+        ``started`` (as `open_session`)."""
+
+    @abstractmethod
+    def check(self, session: str, request: str, names: Sequence[str]) -> Row:
+        """Whether the request still holds ``names``. Row: ``held`` (how many of them),
+        ``live`` (the session is live)."""
+
+    @abstractmethod
+    def close_session(self, session: str) -> None:
+        """End the session and free what it held and queued for (waking the next)."""
+
+    @abstractmethod
+    def expire_session(self, session: str) -> None:
+        """Mark the session expired (its process is gone, or it learned it was lost),
+        freeing what it held and queued for."""
+
+    @abstractmethod
+    def locks(self, name: str | None) -> list[Row]:
+        """The holders (of ``name``, or of every name). Rows: ``name``, ``mode``,
+        ``token``, ``stale`` and the holder's columns (`status.holder_of`)."""
+
+    @abstractmethod
+    def waiters(self, name: str | None) -> list[Row]:
+        """The queued requests (of ``name``, or of every name), in queue order. Rows: the
+        fields of `status.WaiterEntry`."""
+
+    @abstractmethod
+    def sessions(self) -> list[Row]:
+        """Every session, live or not yet cleaned away. Rows: the fields of
+        `status.SessionEntry`."""
+
+    @abstractmethod
+    def waits_for(self) -> list[Row]:
+        """The waits-for graph between sessions. Rows: ``src``, ``dst``, ``name``."""
+
+    @abstractmethod
+    def permits(self, name: str) -> list[Row]:
+        """The name's permits, if set. Row: ``read_permits``, ``write_permits``."""
+
+    @abstractmethod
+    def set_permits(self, name: str, read: int | None, write: int) -> None:
+        """Set the name's permits (``(None, 1)``: back to the default), waking its waiters."""
+
+    @abstractmethod
+    def release_app(self, app_id: str, force: bool) -> int:
+        """Expire the app's dead sessions (``force``: its live ones too) and release their
+        locks; how many holders were removed."""
+
+    @abstractmethod
+    def break_lock(self, name: str) -> int:
+        """Remove every holder of ``name``; how many there were."""
+
+    @abstractmethod
+    def clean(self) -> tuple[int, int, int]:
+        """Remove expired sessions with their locks and queue entries, and queue entries
+        past their deadline: how many (sessions, locks, waiters)."""
+
+    @abstractmethod
+    def record_admin(
+        self, *, id: str, action: str, subject: str, detail: str, host: str, pid: int
+    ) -> None:
+        """Keep an administrator's override in the store (`admin_log`)."""
+
+    @abstractmethod
+    def admin_log(self, limit: int) -> list[Row]:
+        """The latest overrides, newest first. Rows: ``action``, ``subject``, ``detail``,
+        ``host``, ``pid``, ``at`` and ``now`` (the store's clock)."""
+
+    @abstractmethod
+    def admin_counts(self) -> dict[str, int]:
+        """How many overrides of each action the store has kept."""
+
+    @abstractmethod
+    def reclaimed(self) -> int:
+        """How many dead holders' locks were reclaimed by later acquirers."""
+
+    @abstractmethod
+    def fence_read(self, resource: str) -> list[Row]:
+        """The fence's state, if it was ever used. Row: ``token`` (the highest admitted),
+        ``written`` (the token of the last write), ``value``."""
+
+    @abstractmethod
+    def fence_advance(
+        self,
+        *,
+        resource: str,
+        token: int,
+        value: str | None,
+        write: bool,
+        session: str | None,
+        request: str | None,
+    ) -> list[Row]:
+        """Admit ``token`` (and, with ``write``, store ``value``) if no higher token was
+        admitted (no higher write, for a read) and, given ``session`` and ``request``,
+        their grant still holds. Row: ``value`` (the value now); none: refused."""
+
+    @abstractmethod
+    def fence_reset(self, resource: str) -> int:
+        """Forget the fence; the highest token it had admitted (0: none)."""
+
+    def granted(self, request: str, session: str, names: Sequence[str]) -> list[Row]:
+        """The grants a release made to a waiting request. Rows: ``name``, ``token``.
+
+        Only a backend that sets `look_every` (whose wake-ups can be lost) is asked."""
+        raise NotImplementedError(f"{type(self).__name__} sets look_every without granted")
+
+    def in_the_way(
+        self, request: str, name: str, mode: str, seq: int | None, refuse: bool
+    ) -> list[Row]:
+        """What is in the way of a queued request's ``name``, as a blocked attempt
+        reports it (`Attempt.rows`). Only a backend whose attempts queue without
+        looking (`Attempt` with ``rows=None``) is asked."""
+        raise NotImplementedError(f"{type(self).__name__} queues without looking")
 
     @abstractmethod
     def acquire(self, request: AcquireRequest) -> Attempt:

@@ -3,9 +3,9 @@
 The same algorithm as the SQL backends, on etcd's primitives: a session is a
 lease, a holder or waiter row is a key, the fencing token is the revision
 that created the holder key, and "one transaction" is an etcd transaction
-guarded by comparisons of revisions instead of row locks. The `Store` and
-`Session` send the statements of `queries`; `EtcdBackend` maps each to the
-method below that does the same thing (``_queries``, ``_changes``).
+guarded by comparisons of revisions instead of row locks. Each of the seam's
+operations (`base.Backend`) is a method below; the docstrings of its helpers
+name the shared SQL statement (`queries`) whose effect they have.
 
 Keys (``P`` is the URL's prefix, ``N`` a lock name percent-encoded, so that
 "/" only ever separates)::
@@ -30,7 +30,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote, unquote
@@ -53,7 +53,6 @@ from lockwarden.store.backends.etcd.cluster import (
     scan,
     unchanged_since,
 )
-from lockwarden.store.backends.sql import queries
 from lockwarden.store.url import StoreURL
 
 Names = list[str | None]
@@ -101,34 +100,6 @@ class EtcdBackend(Backend):
         self._quiet: tuple[str, int] | None = None
         """The name (as in its keys) and revision of the last quiet grant the watch saw
         (`_quiet_mark`): its deletions wake nobody. The watch thread's alone."""
-        self._queries: dict[str, Callable[[Params], list[Row]]] = {
-            queries.OPEN_SESSION: self._open_session,
-            queries.HEARTBEAT: self._heartbeat,
-            queries.EXPIRE_STALE: lambda params: [],  # the cluster expires leases itself
-            queries.CHECK: self._check,
-            queries.LOCKS: self._locks,
-            queries.WAITERS: self._waiters,
-            queries.SESSIONS: self._sessions,
-            queries.WAITS_FOR: self._waits_for,
-            queries.PERMITS: self._permits,
-            queries.FENCE_READ: self._fence_read,
-            queries.FENCE_ADVANCE: self._fence_advance,
-            queries.FENCE_RESET: self._fence_reset,
-            queries.RECORD_ADMIN: self._record_admin,
-            queries.ADMIN_LOG: self._admin_log,
-            queries.ADMIN_COUNTS: self._admin_counts,
-            queries.RECLAIMED: self._reclaimed,
-        }
-        self._changes: dict[tuple[str, ...], Callable[[Params], list[Names]]] = {
-            queries.CLOSE_SESSION: self._close_session,
-            queries.EXPIRE_SESSION: self._expire_session,
-            queries.EXPIRE_APP: self._expire_app,
-            queries.RELEASE_EXPIRED_OF_APP: self._release_expired_of_app,
-            queries.BREAK_LOCK: self._break_lock,
-            queries.CLEAN: self._clean,
-            queries.SET_PERMITS: self._set_permits,
-            queries.RESET_PERMITS: self._set_permits,
-        }
         self._kv.read([get(self._p + "g")])  # a wrong endpoint or a dead cluster fails here
 
     # -- keys -------------------------------------------------------------------------
@@ -153,11 +124,97 @@ class EtcdBackend(Backend):
 
     # -- the Backend interface ----------------------------------------------------------
 
-    def query(self, sql: str, params: Params | None = None, *, write: bool = False) -> list[Row]:
-        return self._queries[sql](params or {})
+    # The seam's operations (`Backend`): each is one of the methods below, which take
+    # the operation's arguments as a mapping; an operation that frees names wakes
+    # their waiters here (`_woken`) and, through the watch, everywhere else.
 
-    def change(self, statements: Sequence[str], params: Params) -> list[list[str | None]]:
-        found = self._changes[tuple(statements)](params)
+    def open_session(
+        self, *, session: str, app_id: str, host: str, pid: int, pid_start: str | None, ttl: float
+    ) -> Row:
+        params = {"session": session, "app_id": app_id, "host": host, "pid": pid}
+        return self._open_session(params | {"pid_start": pid_start, "ttl": ttl})[0]
+
+    def heartbeat(self, session: str) -> list[Row]:
+        return self._heartbeat({"session": session})
+
+    def check(self, session: str, request: str, names: Sequence[str]) -> Row:
+        return self._check({"session": session, "request": request, "names": list(names)})[0]
+
+    def close_session(self, session: str) -> None:
+        self._woken(self._close_session({"session": session}))
+
+    def expire_session(self, session: str) -> None:
+        self._woken(self._expire_session({"session": session}))
+
+    def locks(self, name: str | None) -> list[Row]:
+        return self._locks({"name": name})
+
+    def waiters(self, name: str | None) -> list[Row]:
+        return self._waiters({"name": name})
+
+    def sessions(self) -> list[Row]:
+        return self._sessions({})
+
+    def waits_for(self) -> list[Row]:
+        return self._waits_for({})
+
+    def permits(self, name: str) -> list[Row]:
+        return self._permits({"name": name})
+
+    def set_permits(self, name: str, read: int | None, write: int) -> None:
+        self._woken(self._set_permits({"name": name, "read": read, "write": write}))
+
+    def release_app(self, app_id: str, force: bool) -> int:
+        params = {"app_id": app_id, "force": force}
+        self._woken(self._expire_app(params))
+        _, holders = self._woken(self._release_expired_of_app(params))
+        return len(holders)
+
+    def break_lock(self, name: str) -> int:
+        return len(self._woken(self._break_lock({"name": name}))[0])
+
+    def clean(self) -> tuple[int, int, int]:
+        waiters, holders, sessions = self._woken(self._clean({}))
+        return len(sessions), len(holders), len(waiters)
+
+    def record_admin(
+        self, *, id: str, action: str, subject: str, detail: str, host: str, pid: int
+    ) -> None:
+        params = {"id": id, "action": action, "subject": subject, "detail": detail}
+        self._record_admin(params | {"host": host, "pid": pid})
+
+    def admin_log(self, limit: int) -> list[Row]:
+        return self._admin_log({"limit": limit})
+
+    def admin_counts(self) -> dict[str, int]:
+        return {r["action"]: int(r["n"]) for r in self._admin_counts({})}
+
+    def reclaimed(self) -> int:
+        rows = self._reclaimed({})
+        return int(rows[0]["value"]) if rows else 0
+
+    def fence_read(self, resource: str) -> list[Row]:
+        return self._fence_read({"resource": resource})
+
+    def fence_advance(
+        self,
+        *,
+        resource: str,
+        token: int,
+        value: str | None,
+        write: bool,
+        session: str | None,
+        request: str | None,
+    ) -> list[Row]:
+        params = {"resource": resource, "token": token, "value": value, "write": write}
+        return self._fence_advance(params | {"session": session, "request": request})
+
+    def fence_reset(self, resource: str) -> int:
+        rows = self._fence_reset({"resource": resource})
+        return int(rows[0]["token"]) if rows else 0
+
+    def _woken(self, found: list[Names]) -> list[Names]:
+        """``found`` (the names each step of a change freed), their waiters here woken."""
         self.wakeups.wake({name for names in found for name in names if name is not None})
         return found
 

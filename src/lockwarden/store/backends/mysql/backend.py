@@ -561,8 +561,6 @@ class MySQLBackend(CalmRelease, SQLBackend):
         run("SELECT id FROM lw_buckets WHERE id = :graph FOR UPDATE", {"graph": GRAPH_KEY})
 
     def query(self, sql: str, params: Params | None = None, *, write: bool = False) -> list[Row]:
-        if sql is queries.FENCE_ADVANCE:
-            return self._fence_advance(params or {})
         text = self.dialect.render(sql)
         return self._run(lambda conn: self._execute(conn, text, params))
 
@@ -582,14 +580,28 @@ class MySQLBackend(CalmRelease, SQLBackend):
             self._knock("TRUE", {})
         return found
 
-    def _fence_advance(self, params: Params) -> list[Row]:
+    def fence_advance(
+        self,
+        *,
+        resource: str,
+        token: int,
+        value: str | None,
+        write: bool,
+        session: str | None,
+        request: str | None,
+    ) -> list[Row]:
+        """The shared statement's compare-and-set as a row lock and two statements: MySQL's
+        upsert can neither be conditional nor return rows."""
+        params = {"resource": resource, "token": token, "value": value, "write": write}
+        params |= {"session": session, "request": request}
+
         def work(conn: Connection, run: Run) -> list[Row]:
             run(_FENCE_ENSURE, params)
             row = run(_FENCE_LOCK, params)[0]
-            newest: int = row["token"] if params["write"] else row["written"]
-            if newest > int(params["token"]):  # type: ignore[call-overload]
+            newest: int = row["token"] if write else row["written"]
+            if newest > token:
                 return []
-            if params.get("request") is not None and not run(queries.FENCE_HELD, params)[0]["n"]:
+            if request is not None and not run(queries.FENCE_HELD, params)[0]["n"]:
                 return []  # the access carries its lock, and the lock is gone
             run(_FENCE_SET, params)
             return run(queries.FENCE_READ, params)
@@ -862,10 +874,14 @@ class MySQLBackend(CalmRelease, SQLBackend):
             self._knocks.put(None)
             self._knocker.join(timeout=5.0)
         started = self._listener.started
-        if started and self._listen_conn is not None:
+        for _ in range(5):  # a KILL that lands between two sleeps is lost: send another
+            if self._listen_conn is None or not started:
+                break
             with suppress(StoreError):  # already gone
                 self.query(f"KILL QUERY {int(self._listen_conn)}")
-        self._listener.close(timeout=5.0)
+            if self._listener.join(1.0):
+                break
+        self._listener.close(timeout=1.0)
         if started:
             with suppress(StoreError):  # the server is gone: the row stays, never rung
                 self.query(_DOORBELL_REMOVE, {"me": self._tag})

@@ -9,8 +9,16 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from lockwarden.errors import StoreError
-from lockwarden.store.backends.base import TAG_LENGTH, Backend, Opening, Run, random_hex
-from lockwarden.store.backends.sql import schema
+from lockwarden.store.backends.base import (
+    TAG_LENGTH,
+    Backend,
+    Opening,
+    Params,
+    Row,
+    Run,
+    random_hex,
+)
+from lockwarden.store.backends.sql import queries, schema
 from lockwarden.store.backends.sql.queries import Dialect
 from lockwarden.store.listener import Listener
 from lockwarden.store.url import StoreURL
@@ -59,6 +67,119 @@ class SQLBackend(Backend):
     def new_session_id(self) -> str:
         """Random, and ending with this store's tag (`_tag`)."""
         return random_hex(16) + self._tag
+
+    # -- the primitives every SQL backend provides -----------------------------------
+
+    @abstractmethod
+    def query(self, sql: str, params: Params | None = None, *, write: bool = False) -> list[Row]:
+        """Run one shared statement on its own (in its own transaction if it writes)."""
+
+    @abstractmethod
+    def change(self, statements: Sequence[str], params: Params) -> list[list[str | None]]:
+        """Run statements that may let waiters in, atomically, and wake the waiters
+        of every name they return. Returns each statement's ``name`` column."""
+
+    # -- the seam's operations, as the shared statements ------------------------------
+
+    def open_session(
+        self, *, session: str, app_id: str, host: str, pid: int, pid_start: str | None, ttl: float
+    ) -> Row:
+        params = {"session": session, "app_id": app_id, "host": host, "pid": pid}
+        params |= {"pid_start": pid_start, "ttl": ttl}
+        return self.query(queries.OPEN_SESSION, params, write=True)[0]
+
+    def heartbeat(self, session: str) -> list[Row]:
+        return self.query(queries.HEARTBEAT, {"session": session}, write=True)
+
+    def check(self, session: str, request: str, names: Sequence[str]) -> Row:
+        params = {"session": session, "request": request, "names": list(names)}
+        return self.query(queries.CHECK, params)[0]
+
+    def close_session(self, session: str) -> None:
+        self.change(queries.CLOSE_SESSION, {"session": session})
+
+    def expire_session(self, session: str) -> None:
+        self.change(queries.EXPIRE_SESSION, {"session": session})
+
+    def locks(self, name: str | None) -> list[Row]:
+        return self.query(queries.LOCKS, {"name": name})
+
+    def waiters(self, name: str | None) -> list[Row]:
+        return self.query(queries.WAITERS, {"name": name})
+
+    def sessions(self) -> list[Row]:
+        return self.query(queries.SESSIONS)
+
+    def waits_for(self) -> list[Row]:
+        return self.query(queries.WAITS_FOR)
+
+    def permits(self, name: str) -> list[Row]:
+        return self.query(queries.PERMITS, {"name": name})
+
+    def set_permits(self, name: str, read: int | None, write: int) -> None:
+        statements = queries.RESET_PERMITS if (read, write) == (None, 1) else queries.SET_PERMITS
+        self.change(statements, {"name": name, "read": read, "write": write})
+
+    def release_app(self, app_id: str, force: bool) -> int:
+        params = {"app_id": app_id, "force": force}
+        self.change(queries.EXPIRE_APP, params)  # committed before the locks go
+        _, holders = self.change(queries.RELEASE_EXPIRED_OF_APP, params)
+        return len(holders)
+
+    def break_lock(self, name: str) -> int:
+        return len(self.change(queries.BREAK_LOCK, {"name": name})[0])
+
+    def clean(self) -> tuple[int, int, int]:
+        self.query(queries.EXPIRE_STALE, write=True)
+        waiters, holders, sessions = self.change(queries.CLEAN, {})
+        return len(sessions), len(holders), len(waiters)
+
+    def record_admin(
+        self, *, id: str, action: str, subject: str, detail: str, host: str, pid: int
+    ) -> None:
+        params = {"id": id, "action": action, "subject": subject, "detail": detail}
+        self.query(queries.RECORD_ADMIN, params | {"host": host, "pid": pid}, write=True)
+
+    def admin_log(self, limit: int) -> list[Row]:
+        return self.query(queries.ADMIN_LOG, {"limit": limit})
+
+    def admin_counts(self) -> dict[str, int]:
+        return {r["action"]: int(r["n"]) for r in self.query(queries.ADMIN_COUNTS)}
+
+    def reclaimed(self) -> int:
+        rows = self.query(queries.RECLAIMED)
+        return int(rows[0]["value"]) if rows else 0
+
+    def fence_read(self, resource: str) -> list[Row]:
+        return self.query(queries.FENCE_READ, {"resource": resource})
+
+    def fence_advance(
+        self,
+        *,
+        resource: str,
+        token: int,
+        value: str | None,
+        write: bool,
+        session: str | None,
+        request: str | None,
+    ) -> list[Row]:
+        params = {"resource": resource, "token": token, "value": value, "write": write}
+        params |= {"session": session, "request": request}
+        return self.query(queries.FENCE_ADVANCE, params, write=True)
+
+    def fence_reset(self, resource: str) -> int:
+        rows = self.query(queries.FENCE_RESET, {"resource": resource}, write=True)
+        return int(rows[0]["token"]) if rows else 0
+
+    def granted(self, request: str, session: str, names: Sequence[str]) -> list[Row]:
+        params = {"request": request, "session": session, "names": list(names)}
+        return self.query(queries.GRANTED, params)
+
+    def in_the_way(
+        self, request: str, name: str, mode: str, seq: int | None, refuse: bool
+    ) -> list[Row]:
+        params = {"request": request, "name": name, "mode": mode, "seq": seq, "refuse": refuse}
+        return self.query(queries.IN_THE_WAY, params)
 
     def _listener_of(self, run: Callable[[], None], name: str) -> Listener:
         """The thread (named ``name``, running ``run``) that brings this store's wake-ups;
