@@ -304,15 +304,18 @@ class _FileWait:
                 self._blocked = True
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             with self._cond:
-                self._blocked = False
                 if self._wanted and not self._closed:
+                    self._blocked = False
                     self._got = True
                     self._cond.notify_all()
                     continue
-            fcntl.flock(self._fd, fcntl.LOCK_UN)  # the caller gave up meanwhile
-            if self._closed:
-                os.close(self._fd)  # left to this thread by `close`
-                return
+                # The caller gave up meanwhile. Still `_blocked` until the descriptor is
+                # let go: a `close` now would have the caller close it under this call.
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+                self._blocked = False
+                if self._closed:
+                    os.close(self._fd)  # left to this thread by `close`
+                    return
 
     def close(self) -> bool:
         """Stop the thread; whether the caller may close the descriptor now (False: the
