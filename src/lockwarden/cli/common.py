@@ -178,7 +178,7 @@ def call_timeout() -> float:
 
 def _is_sqlite(url: str) -> bool:
     """Whether ``url`` names a SQLite file (whose store logs nothing a driver says)."""
-    from lockwarden.store.opening import parse_url  # noqa: PLC0415  (as `connect` would
+    from lockwarden.store.opening import parse_url  # noqa: PLC0415  (as `connect` would)
 
     try:
         return parse_url(url).backend == "sqlite"

@@ -153,13 +153,13 @@ def _backend(url: str, durability: str, opening: Opening, call_timeout: float) -
 
 
 def _postgres(url: StoreURL, relaxed: bool, opening: Opening) -> Backend:
-    from lockwarden.store.backends.postgresql.backend import PostgresBackend  # noqa: PLC0415  (SQLite users skip it,
+    from lockwarden.store.backends.postgresql.backend import PostgresBackend  # noqa: PLC0415  (SQLite users skip it)
 
     return PostgresBackend(url, relaxed=relaxed, opening=opening)
 
 
 def _mysql(url: StoreURL, relaxed: bool, opening: Opening) -> Backend:
-    from lockwarden.store.backends.mysql.backend import MySQLBackend  # noqa: PLC0415  (its users alone pay,
+    from lockwarden.store.backends.mysql.backend import MySQLBackend  # noqa: PLC0415  (its users alone pay)
 
     return MySQLBackend(url, opening=opening)
 

@@ -172,7 +172,7 @@ class Session:
 
         Cancelling the waiting task leaves no row behind.
         """
-        from lockwarden.store.aio import AsyncAcquire  # noqa: PLC0415  (see _acquire_async
+        from lockwarden.store.aio import AsyncAcquire  # noqa: PLC0415  (see _acquire_async)
 
         want = self._want([(name, mode)], timeout, on_stale)
         return AsyncAcquire(self._acquire_async(want, HeldLock), Stamp.release)
@@ -184,7 +184,7 @@ class Session:
         on_stale: str | None = None,
     ) -> AsyncAcquire[Stamp]:
         """`lock_many` for asyncio, used like `lock_async`."""
-        from lockwarden.store.aio import AsyncAcquire  # noqa: PLC0415  (see _acquire_async
+        from lockwarden.store.aio import AsyncAcquire  # noqa: PLC0415  (see _acquire_async)
 
         want = self._want(items, timeout, on_stale)
         return AsyncAcquire(self._acquire_async(want, Stamp), Stamp.release)
