@@ -91,8 +91,11 @@ def test_a_short_run_under_faults_finds_no_violation(
     # a multi-lock next in line may also wait for another name whose holder died later).
     live = summary["liveness"]
     # How many deaths hit a write holder with a waiter behind it depends on timing,
-    # not only on the seed (2 to 8 seen in 60 s): one measurement is all this needs.
-    assert live["recoveries"] >= 1, output
-    # (a holder paused just before a new etcd leader may keep its lease that much longer)
-    assert live["p50"] <= 1.25 * live["ttl"] + LEASE_RENEWED.get(backend, 0.0), output
-    assert live["max_in_ttls"] <= 3.0, output
+    # not only on the seed: 2 to 8 seen in 60 s alone, and 0 once with the suite's other
+    # workers beside it. What is measured must be in bounds; the dead holder's lock
+    # passing on in about a TTL is also tested head-on, on every backend
+    # (tests/cli/test_run.py, a killed holder's lock passing on after the TTL).
+    if live["recoveries"]:
+        # (a holder paused just before a new etcd leader may keep its lease that much longer)
+        assert live["p50"] <= 1.25 * live["ttl"] + LEASE_RENEWED.get(backend, 0.0), output
+        assert live["max_in_ttls"] <= 3.0, output
