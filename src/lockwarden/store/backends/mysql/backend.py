@@ -54,7 +54,7 @@ from lockwarden.store.backends.sql import queries
 from lockwarden.store.backends.sql.algorithm import Engine, attempt, grant
 from lockwarden.store.backends.sql.base import BUCKETS, GRAPH_KEY, SQLBackend
 from lockwarden.store.backends.sql.calm import CalmRelease
-from lockwarden.store.retry import RETRY_DELAYS, jittered
+from lockwarden.store.retry import RETRY_DELAYS, jittered, verdict
 from lockwarden.store.url import StoreURL
 from lockwarden.store.wakeups import Told
 
@@ -466,14 +466,15 @@ class MySQLBackend(CalmRelease, SQLBackend):
                     raise bounds.overran(self.url.display, start) from None
                 except self._driver.Error as exc:
                     code = exc.args[0] if exc.args else None
-                    if code in _TRANSIENT and time.monotonic() + (delay or 0.0) >= end:
-                        raise bounds.overran(self.url.display, start, _describe(exc)) from exc
-                    if delay is None or code not in _TRANSIENT or time.monotonic() + delay >= end:
-                        raise StoreError(
-                            f"lock store {self.url.display}: {_describe(exc)}"
-                        ) from exc
+                    match verdict(delay, code in _TRANSIENT, end):
+                        case "overran":
+                            raise bounds.overran(self.url.display, start, _describe(exc)) from exc
+                        case "failed":
+                            raise StoreError(
+                                f"lock store {self.url.display}: {_describe(exc)}"
+                            ) from exc
                     self.stats.add("retries")
-                    time.sleep(jittered(delay))
+                    time.sleep(jittered(delay or 0.0))
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _execute(self, conn: Connection, text: str, params: Params | None = None) -> list[Row]:

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 from lockwarden.errors import StoreError
 from lockwarden.store import bounds, process
 from lockwarden.store.backends.postgresql.url import import_psycopg
-from lockwarden.store.retry import RETRY_DELAYS, jittered
+from lockwarden.store.retry import RETRY_DELAYS, jittered, verdict
 from lockwarden.store.url import StoreURL
 
 if TYPE_CHECKING:
@@ -227,11 +227,14 @@ class Connections:
                     self.url.target, **self._kwargs, connect_timeout=timeout
                 )
             except self._psycopg.Error as exc:
-                if _transient(exc, None) and time.monotonic() + (delay or 0.0) >= end:
-                    raise bounds.overran(self.url.display, began, describe(self.url, exc)) from None
-                if delay is None or not _transient(exc, None) or time.monotonic() + delay >= end:
-                    raise self.error(exc) from None
-                time.sleep(jittered(delay))
+                match verdict(delay, _transient(exc, None), end):
+                    case "overran":
+                        raise bounds.overran(
+                            self.url.display, began, describe(self.url, exc)
+                        ) from None
+                    case "failed":
+                        raise self.error(exc) from None
+                time.sleep(jittered(delay or 0.0))
             else:
                 return conn
         raise AssertionError("unreachable")  # pragma: no cover
@@ -285,14 +288,15 @@ class Connections:
             except _Overran:
                 raise bounds.overran(self.url.display, start) from None
             except self._psycopg.Error as exc:
-                if _transient(exc, conn) and time.monotonic() + (delay or 0.0) >= end:
-                    raise bounds.overran(self.url.display, start, describe(self.url, exc)) from None
-                if delay is None or not _transient(exc, conn):
-                    raise self.error(exc) from None
-                if time.monotonic() + delay >= end:
-                    raise self.error(exc) from None
+                match verdict(delay, _transient(exc, conn), end):
+                    case "overran":
+                        raise bounds.overran(
+                            self.url.display, start, describe(self.url, exc)
+                        ) from None
+                    case "failed":
+                        raise self.error(exc) from None
                 on_retry()
-                time.sleep(jittered(delay))
+                time.sleep(jittered(delay or 0.0))
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _bounded(self, work: Callable[[Connection], T], conn: Connection, end: float) -> T:
