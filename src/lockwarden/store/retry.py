@@ -20,7 +20,7 @@ def jittered(delay: float) -> float:
 
 def verdict(
     delay: float | None, transient: bool, end: float
-) -> Literal["retry", "overran", "failed"]:
+) -> float | Literal["overran", "failed"]:
     """What follows a failed try of a call that must end by ``end`` (`time.monotonic`),
     with ``delay`` the pause before the next try (None: that was the last):
 
@@ -28,10 +28,10 @@ def verdict(
       and another try (the caller raises `bounds.overran`: the outcome is unknown);
     - "failed": the failure was not transient, or no try is left (the caller raises the
       database's error);
-    - "retry": pause `jittered(delay)` and try again.
+    - else the pause (`jittered`) to sleep before trying again.
     """
     if transient and time.monotonic() + (delay or 0.0) >= end:
         return "overran"
     if delay is None or not transient:
         return "failed"
-    return "retry"
+    return jittered(delay)

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 from lockwarden.errors import StoreError
 from lockwarden.store import bounds, process
 from lockwarden.store.backends.postgresql.url import import_psycopg
-from lockwarden.store.retry import RETRY_DELAYS, jittered, verdict
+from lockwarden.store.retry import RETRY_DELAYS, verdict
 from lockwarden.store.url import StoreURL
 
 if TYPE_CHECKING:
@@ -234,7 +234,8 @@ class Connections:
                         ) from None
                     case "failed":
                         raise self.error(exc) from None
-                time.sleep(jittered(delay or 0.0))
+                    case float(pause):
+                        time.sleep(pause)
             else:
                 return conn
         raise AssertionError("unreachable")  # pragma: no cover
@@ -295,8 +296,9 @@ class Connections:
                         ) from None
                     case "failed":
                         raise self.error(exc) from None
-                on_retry()
-                time.sleep(jittered(delay or 0.0))
+                    case float(pause):
+                        on_retry()
+                        time.sleep(pause)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _bounded(self, work: Callable[[Connection], T], conn: Connection, end: float) -> T:
