@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -24,7 +25,13 @@ import lockwarden
 from lockwarden import LockTimeout, StoreError
 from lockwarden.store import Store, inbox
 from lockwarden.store.backends.base import AcquireRequest
-from lockwarden.store.backends.mysql.backend import DIALECT, IDLE_IN_TRANSACTION, _tls, bucket
+from lockwarden.store.backends.mysql.backend import (
+    DIALECT,
+    IDLE_IN_TRANSACTION,
+    _socket,
+    _tls,
+    bucket,
+)
 from lockwarden.store.backends.mysql.url import mysql_options
 from lockwarden.store.backends.sql.queries import (
     CLEAN,
@@ -629,3 +636,25 @@ def test_tls_asked_for_is_required_and_never_tried_unasked(mysql_url: str) -> No
     }
     options: dict[str, object] = {"host": "h", "ssl": False}
     assert _tls(options) == {"ssl_disabled": True} and options == {"host": "h"}
+
+
+def test_connections_find_a_silent_server_in_seconds_not_hours(mysql_url: str) -> None:
+    """The doorbell's connection waits in the server for minutes: TCP keepalives (as on
+    PostgreSQL) end it about 11 s after the server goes silent, not after two hours."""
+    with lockwarden.connect(mysql_url) as store:
+        backend: Any = store._backend
+
+        def settings(conn: Any) -> tuple[int, ...]:
+            sock = _socket(conn)
+            return tuple(
+                sock.getsockopt(level, option)
+                for level, option in (
+                    (socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                    (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                    (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+                    (socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+                    (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+                )
+            )
+
+        assert backend._pool.run(settings) == (1, 5, 2, 3, 10_000)

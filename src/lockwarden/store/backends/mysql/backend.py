@@ -54,7 +54,7 @@ from lockwarden.store.backends.sql import queries
 from lockwarden.store.backends.sql.algorithm import Engine, attempt, grant
 from lockwarden.store.backends.sql.base import BUCKETS, GRAPH_KEY, SQLBackend
 from lockwarden.store.backends.sql.calm import CalmRelease
-from lockwarden.store.retry import RETRY_DELAYS, jittered, verdict
+from lockwarden.store.retry import RETRY_DELAYS, verdict
 from lockwarden.store.url import StoreURL
 from lockwarden.store.wakeups import Told
 
@@ -473,8 +473,9 @@ class MySQLBackend(CalmRelease, SQLBackend):
                             raise StoreError(
                                 f"lock store {self.url.display}: {_describe(exc)}"
                             ) from exc
-                    self.stats.add("retries")
-                    time.sleep(jittered(delay or 0.0))
+                        case float(pause):
+                            self.stats.add("retries")
+                            time.sleep(pause)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _execute(self, conn: Connection, text: str, params: Params | None = None) -> list[Row]:
@@ -943,6 +944,22 @@ def _tls(options: dict[str, object]) -> dict[str, object]:
     return {"ssl_disabled": True}
 
 
+_KEEPALIVE: Final = tuple(
+    (option, value)
+    for name, value in (
+        ("TCP_KEEPIDLE", 5),
+        ("TCP_KEEPINTVL", 2),
+        ("TCP_KEEPCNT", 3),
+        ("TCP_USER_TIMEOUT", 10_000),
+    )
+    if (option := getattr(socket, name, None)) is not None
+)
+"""PostgreSQL's connections' keepalive settings (`postgresql/url.py`, `_DEFAULTS`), where
+the platform has them: the doorbell's connection waits in the server for minutes, and a
+server gone silent (a partition, a frozen host) is found in about 11 s rather than the
+system's two hours; data unacknowledged for 10 s ends a connection."""
+
+
 def _dial(options: dict[str, object], wait: float) -> socket.socket:
     """A socket connected to the server of ``options`` within ``wait`` seconds, blocking."""
     path = options.get("unix_socket")
@@ -960,6 +977,8 @@ def _dial(options: dict[str, object], wait: float) -> socket.socket:
         sock = socket.create_connection((host, port), timeout=max(wait, 0.001))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for option, value in _KEEPALIVE:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
     sock.settimeout(None)  # from here on the cutter bounds each wait
     return sock
 
