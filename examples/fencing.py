@@ -31,8 +31,9 @@ import tempfile
 
 import lockwarden
 
-TTL = 1.0
-"""Seconds a frozen holder keeps the lock: short, so that the example is quick."""
+TTL = 2.0
+"""Seconds a frozen holder keeps the lock: short, so that the example is quick, yet long
+enough that a busy machine's slow heartbeat (bounded to a sixth of it) is not reported."""
 
 
 def slow(url: str) -> None:
